@@ -1,0 +1,162 @@
+"""`MaskedAutoencoder`: encoder on the visible patches, decoder on all, MSE on the masked ones."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from timm.models._manipulate import checkpoint_seq
+from torch import nn
+
+from mae.models.decoder import MAEDecoder
+from mae.models.encoder import create_encoder, init_mae_weights
+from mae.models.masking import Masking, gather_tokens, random_masking
+from mae.models.patches import patchify, unpatchify
+
+
+class MAEOutput(NamedTuple):
+    """loss: scalar; pred: [N, L, p*p*C]; mask: [N, L] (1 = masked, 0 = visible); ids_restore: [N, L]."""
+
+    loss: torch.Tensor
+    pred: torch.Tensor
+    mask: torch.Tensor
+    ids_restore: torch.Tensor
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+class MaskedAutoencoder(nn.Module):
+    """Masked autoencoder with a timm `VisionTransformer` encoder (He et al., 2021).
+
+    `img_size` may be an int or `(H, W)`; both must be multiples of `patch_size`.
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        decoder_embed_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_num_heads: int = 16,
+        mask_ratio: float = 0.75,
+        norm_pix_loss: bool = True,
+    ) -> None:
+        super().__init__()
+        img_size = _pair(img_size)
+        if img_size[0] % patch_size or img_size[1] % patch_size:
+            raise ValueError(
+                f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "
+                "choose an image size that is a multiple of the patch size"
+            )
+        if not 0.0 <= mask_ratio < 1.0:
+            raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+        for name, width in (("embed_dim", embed_dim), ("decoder_embed_dim", decoder_embed_dim)):
+            if width % 4:
+                raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {width}")
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.mask_ratio = mask_ratio
+        self.norm_pix_loss = norm_pix_loss
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.encoder = create_encoder(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+        )
+        self.decoder = MAEDecoder(
+            grid_size=self.grid_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            decoder_embed_dim=decoder_embed_dim,
+            decoder_depth=decoder_depth,
+            decoder_num_heads=decoder_num_heads,
+            mlp_ratio=mlp_ratio,
+        )
+        init_mae_weights(self)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    def patchify(self, imgs: torch.Tensor) -> torch.Tensor:
+        """[N, C, H, W] -> [N, L, p*p*C]."""
+        return patchify(imgs, self.patch_size)
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, L, p*p*C] -> [N, C, H, W]."""
+        return unpatchify(x, self.patch_size, self.grid_size, self.in_chans)
+
+    def forward_encoder(
+        self, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Masking]:
+        """Embed all patches, keep the visible ones, run the ViT on cls + visible.
+
+        Returns the latent [N, 1 + K, D] (cls first, visible tokens in `ids_keep` order) and the
+        `Masking`. Position embeddings are added before masking, so each token keeps its place.
+        """
+        enc = self.encoder
+        x = enc.patch_embed(imgs) + enc.pos_embed[:, 1:, :]
+        n, length, _ = x.shape
+        if noise is None:
+            noise = torch.rand(n, length, device=x.device)
+        masking = random_masking(noise, mask_ratio)
+        x = gather_tokens(x, masking.ids_keep)
+        cls = (enc.cls_token + enc.pos_embed[:, :1, :]).expand(n, -1, -1)
+        x = enc.norm_pre(enc.pos_drop(torch.cat([cls.to(x.dtype), x], dim=1)))
+        if enc.grad_checkpointing and torch.is_grad_enabled():
+            x = checkpoint_seq(enc.blocks, x)
+        else:
+            x = enc.blocks(x)
+        return enc.norm(x), masking
+
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        """[N, 1 + K, D] -> pixel predictions [N, L, p*p*C] for every patch."""
+        return self.decoder(latent, ids_restore)
+
+    def forward_target(self, imgs: torch.Tensor) -> torch.Tensor:
+        """The regression target [N, L, p*p*C]: patches, per-patch normalised if `norm_pix_loss`."""
+        target = self.patchify(imgs)
+        if self.norm_pix_loss:
+            mean = target.mean(dim=-1, keepdim=True)
+            var = target.var(dim=-1, keepdim=True)  # unbiased, as the reference
+            target = (target - mean) / (var + 1.0e-6) ** 0.5
+        return target
+
+    def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean over masked patches of the per-patch MSE; `mask` [N, L] has 1 = masked."""
+        target = self.forward_target(imgs.float())
+        loss = (pred.float() - target).pow(2).mean(dim=-1)
+        return (loss * mask).sum() / mask.sum()
+
+    def forward(
+        self, imgs: torch.Tensor, mask_ratio: float | None = None, noise: torch.Tensor | None = None
+    ) -> MAEOutput:
+        """`imgs` [N, C, H, W]; `noise` [N, L] ranks patches (ascending = kept first)."""
+        mask_ratio = self.mask_ratio if mask_ratio is None else mask_ratio
+        latent, masking = self.forward_encoder(imgs, mask_ratio, noise)
+        pred = self.forward_decoder(latent, masking.ids_restore)
+        loss = self.forward_loss(imgs, pred, masking.mask)
+        return MAEOutput(loss, pred, masking.mask, masking.ids_restore)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameters kept out of weight decay besides biases and norms (timm's convention)."""
+        return {"encoder.pos_embed", "encoder.cls_token", "decoder.pos_embed", "decoder.mask_token"}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute encoder block activations in backward, trading compute for memory."""
+        self.encoder.set_grad_checkpointing(enable)
