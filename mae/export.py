@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -130,3 +134,75 @@ def mae_to_hf_vitmae(state: dict[str, torch.Tensor], *, layout: str = "v5") -> d
         else:
             raise KeyError(f"no transformers name for parameter '{key}'")
     return out
+
+
+# --- this project's own files -------------------------------------------------------------------
+
+
+def encoder_state_dict(model) -> dict[str, torch.Tensor]:
+    """The encoder's weights with timm key names, as contiguous unshared tensors."""
+    return {k: v.detach().cpu().contiguous().clone() for k, v in model.encoder.state_dict().items()}
+
+
+def save_encoder(model, path: str | os.PathLike, config: dict[str, Any] | None = None) -> Path:
+    """Write encoder-only safetensors (timm keys) with string metadata describing it."""
+    from safetensors.torch import save_file
+
+    import mae
+
+    enc = model.encoder
+    metadata = {
+        "format": "pt",
+        "img_size": json.dumps(list(model.img_size)),
+        "patch_size": str(model.patch_size),
+        "embed_dim": str(enc.embed_dim),
+        "depth": str(len(enc.blocks)),
+        "num_heads": str(enc.blocks[0].attn.num_heads),
+        "global_pool": enc.global_pool,
+        "mae_version": mae.__version__,
+    }
+    if config is not None:
+        metadata["config"] = json.dumps(config)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(encoder_state_dict(model), str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """An output folder -> its latest checkpoint; a checkpoint folder -> itself."""
+    from mae.train.checkpoint import list_checkpoints
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or folder")
+    if (p / "model.safetensors").exists() and (p / "config.yaml").exists():
+        return p
+    found = list_checkpoints(p)
+    if not found:
+        raise FileNotFoundError(f"{p}: not a checkpoint and holds no checkpoints/step_* folder")
+    return found[-1]
+
+
+def load_pretrained(path: str | os.PathLike, **overrides: Any):
+    """A `MaskedAutoencoder` from this project's output folder or checkpoint folder.
+
+    `overrides` take `create_mae`'s names and replace what the saved config says.
+    """
+    import yaml
+    from safetensors.torch import load_file
+
+    from mae.models.registry import create_mae
+
+    ckpt = resolve_checkpoint(path)
+    cfg = yaml.safe_load((ckpt / "config.yaml").read_text())["model"]
+    kwargs = {"img_size": cfg["img_size"], "mask_ratio": cfg["mask_ratio"], "norm_pix_loss": cfg["norm_pix_loss"]}
+    if cfg.get("patch_size"):
+        kwargs["patch_size"] = cfg["patch_size"]
+    if isinstance(kwargs["img_size"], list):
+        kwargs["img_size"] = tuple(kwargs["img_size"])
+    model = create_mae(cfg["name"], **{**kwargs, **overrides})
+    model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=True)
+    return model

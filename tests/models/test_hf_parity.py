@@ -8,18 +8,37 @@ from mae.models import create_mae
 
 transformers = pytest.importorskip("transformers")
 
-ARCH = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
-            decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2)  # fmt: skip
+ARCH = dict(
+    img_size=32,
+    patch_size=8,
+    embed_dim=64,
+    depth=2,
+    num_heads=2,
+    decoder_embed_dim=32,
+    decoder_depth=2,
+    decoder_num_heads=2,
+)
 
 
 def _hf_model(norm_pix_loss=True):
     cfg = transformers.ViTMAEConfig(
-        image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=256, decoder_hidden_size=32,
-        decoder_num_hidden_layers=2, decoder_num_attention_heads=2, decoder_intermediate_size=128,
-        layer_norm_eps=1e-6, mask_ratio=0.75, norm_pix_loss=norm_pix_loss, hidden_act="gelu",
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
+        decoder_hidden_size=32,
+        decoder_num_hidden_layers=2,
+        decoder_num_attention_heads=2,
+        decoder_intermediate_size=128,
+        layer_norm_eps=1e-6,
+        mask_ratio=0.75,
+        norm_pix_loss=norm_pix_loss,
+        hidden_act="gelu",
         attn_implementation="eager",
-    )  # fmt: skip
+    )
     return transformers.ViTMAEForPreTraining(cfg).eval()
 
 

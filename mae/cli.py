@@ -1,0 +1,105 @@
+"""`mae <stage> [--config RECIPE.yaml] [--section.key VALUE ...]`: parse, validate, dispatch.
+
+Precedence: dataclass defaults < (demo settings, when no data is given) < YAML < command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, fields
+from typing import Any
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from mae.config import DEMO_OVERRIDES, ConfigError, PretrainConfig
+from mae.data.sources import DataError
+
+
+@dataclass(frozen=True)
+class VisualizeConfig:
+    checkpoint: str
+    """A pretraining output folder or checkpoint folder."""
+    images: list[str]
+    """Image files to reconstruct."""
+    output: str = "reconstructions.png"
+    """Where the PNG grid goes."""
+    mask_ratio: float | None = None
+    """Fraction of patches to mask; null = the model's."""
+    seed: int = 0
+    """Seeds the masks."""
+
+
+STAGES: dict[str, tuple[type, str]] = {
+    "pretrain": (PretrainConfig, "Pretrain a ViT encoder by masked autoencoding."),
+    "visualize": (VisualizeConfig, "Write original | masked | reconstruction grids for some images."),
+}
+
+
+def build_parser(stage: str) -> ArgumentParser:
+    config_cls, description = STAGES[stage]
+    parser = ArgumentParser(prog=f"mae {stage}", description=description, exit_on_error=False, default_meta=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="A recipe YAML (sparse: only what differs).")
+    # A list of files reads best as `--images a.jpg b.jpg`, which needs argparse's nargs.
+    lists = {"images"} if stage == "visualize" else set()
+    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists)
+    for name in lists:
+        parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help="Image files.")
+    return parser
+
+
+def parse(stage: str, argv: list[str]) -> Any:
+    """Parse a stage's options into its frozen config dataclass."""
+    parser = build_parser(stage)
+    ns = parser.parse_args(argv)
+    if stage == "pretrain" and ns.data.path is None:
+        parser.set_defaults(DEMO_OVERRIDES)
+        ns = parser.parse_args(argv)
+        print(
+            "mae pretrain: no --data.path given: training on the built-in demo photos (scikit-image)", file=sys.stderr
+        )
+    ns = parser.instantiate(ns) if hasattr(parser, "instantiate") else parser.instantiate_classes(ns)
+    config_cls = STAGES[stage][0]
+    return config_cls(**{f.name: ns[f.name] for f in fields(config_cls)})
+
+
+def _one_line(message: str) -> str:
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def run_stage(stage: str, cfg: Any) -> None:
+    if stage == "pretrain":
+        from mae.train.stages import run_pretrain
+
+        run_pretrain(cfg)
+    elif stage == "visualize":
+        from mae.train.stages import run_visualize
+
+        run_visualize(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES:
+        usage = "usage: mae {" + ",".join(STAGES) + "} [--config RECIPE.yaml] [--section.key VALUE ...]"
+        lines = [usage, ""] + [f"  {name:<10} {desc}" for name, (_, desc) in STAGES.items()]
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"mae: error: unknown stage '{argv[0]}'; choose one of {', '.join(STAGES)}", file=sys.stderr)
+            return 2
+        print("\n".join(lines + ["", "mae <stage> --help lists every option."]))
+        return 0 if argv else 2
+    stage, rest = argv[0], argv[1:]
+    try:
+        cfg = parse(stage, rest)
+        run_stage(stage, cfg)
+    except (argparse.ArgumentError, ConfigError, DataError, FileNotFoundError) as e:
+        print(f"mae {stage}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mae {stage}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The pretraining sample: a random-resized crop, a flip and a mask, all drawn from (seed, epoch, index).
+
+Drawing every random choice of a sample from its own seed (not from per-process RNG state) makes a
+run give the same crops and masks whatever the number of processes or workers, and wherever it
+was resumed.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.transforms import InterpolationMode, RandomResizedCrop
+from torchvision.transforms.v2 import functional as F
+
+# The errors a broken image file raises on open or decode.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one sample of one epoch."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> 1)
+
+
+class PretrainSamples(torch.utils.data.Dataset):
+    """`dataset[(epoch, index)]` -> {"image": uint8 [3, H, W], "noise": [L], "index": int}, or None
+    (with one warning) when the file cannot be decoded."""
+
+    def __init__(
+        self,
+        source,
+        *,
+        img_size: tuple[int, int],
+        patch_size: int,
+        seed: int,
+        crop_scale: tuple[float, float] = (0.2, 1.0),
+        hflip: bool = True,
+    ) -> None:
+        self.source = source
+        self.img_size = img_size
+        self.num_patches = (img_size[0] // patch_size) * (img_size[1] // patch_size)
+        self.seed = seed
+        self.crop_scale = crop_scale
+        self.hflip = hflip
+        self._warned: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict | None:
+        epoch, index = key
+        try:
+            img = self.source.load(index)
+        except DECODE_ERRORS as e:
+            if index not in self._warned:
+                self._warned.add(index)
+                warnings.warn(f"skipping unreadable image {self.source.name(index)}: {e}", stacklevel=2)
+            return None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            top, left, h, w = RandomResizedCrop.get_params(img, scale=list(self.crop_scale), ratio=[3 / 4, 4 / 3])
+            flip = self.hflip and torch.rand(()) < 0.5
+            noise = torch.rand(self.num_patches)
+        img = F.resized_crop(img, top, left, h, w, list(self.img_size), interpolation=InterpolationMode.BICUBIC)
+        if flip:
+            img = F.horizontal_flip(img)
+        return {"image": F.pil_to_tensor(img), "noise": noise, "index": index}
+
+
+def collate_samples(samples: list[dict | None]) -> dict:
+    """Stack the good samples; `skipped` counts the ones that failed to decode."""
+    good = [s for s in samples if s is not None]
+    if not good:
+        return {"image": None, "noise": None, "index": None, "skipped": len(samples)}
+    return {
+        "image": torch.stack([s["image"] for s in good]),
+        "noise": torch.stack([s["noise"] for s in good]),
+        "index": torch.tensor([s["index"] for s in good]),
+        "skipped": len(samples) - len(good),
+    }
+
+
+def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 [N, C, H, W] -> float, normalised; done on the training device (4x less to transfer)."""
+    m = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    return (images.float() / 255.0 - m) / s
+
+
+def denormalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """The inverse of `normalize`, as floats in [0, 1]."""
+    m = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    return (images * s + m).clamp(0, 1)

@@ -1,0 +1,74 @@
+"""Crash-safe Accelerate checkpoints: write to a temporary folder, then rename.
+
+A checkpoint folder `checkpoints/step_00001234` holds Accelerate's state (model, optimizer, RNG),
+`loop_state.json` (where the loop was) and `config.yaml` (what it was running), so it is
+complete and self-describing. A kill during a save leaves only a `.tmp-*` folder, which is
+ignored and cleaned up; the previous checkpoint is never touched before the new one is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under `output_dir/checkpoints`, oldest first."""
+    folder = Path(output_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: str | os.PathLike,
+    step: int,
+    loop_state: dict[str, Any],
+    config_yaml: str,
+    keep: int,
+) -> Path:
+    """Save the full training state at optimizer step `step`; keep the newest `keep`."""
+    folder = Path(output_dir) / "checkpoints"
+    final = folder / f"step_{step:08d}"
+    tmp = folder / f".tmp-step_{step:08d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "loop_state.json").write_text(json.dumps(loop_state))
+        (tmp / "config.yaml").write_text(config_yaml)
+        _fsync_tree(tmp)
+        if final.exists():  # same step saved twice (e.g. a stop right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in folder.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_loop_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / "loop_state.json").read_text())
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file so the rename never publishes a checkpoint the disk has not got."""
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())

@@ -1,0 +1,35 @@
+"""metrics.jsonl (one JSON object per logged step or evaluation) plus Accelerate's trackers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+
+class MetricsWriter:
+    """Appends to `output_dir/metrics.jsonl` on the main process and forwards to the trackers."""
+
+    def __init__(self, accelerator: Accelerator, output_dir: str | Path) -> None:
+        self.accelerator = accelerator
+        self.path = Path(output_dir) / "metrics.jsonl"
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(clean) + "\n")
+        numbers = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.accelerator.trackers:
+            self.accelerator.log(numbers, step=record.get("step"))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop lines logged after the checkpoint, so the file reads as one run."""
+        if not self.accelerator.is_main_process or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,265 @@
+"""The pretraining engine end to end, through the command line it ships."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from mae.cli import main
+from tests.conftest import make_images
+
+FAST = [
+    "--model.name",
+    "mae_vit_micro_patch8",
+    "--model.img_size",
+    "32",
+    "--data.num_workers",
+    "0",
+    "--loop.progress",
+    "false",
+    "--loop.mixed_precision",
+    "no",
+    "--loop.log_every",
+    "1",
+    "--optim.warmup_epochs",
+    "0.5",
+    "--optim.lr",
+    "1e-3",
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def run(*args) -> int:
+    AcceleratorState._reset_state(True)
+    return main(["pretrain", *FAST, *map(str, args)])
+
+
+def metrics(out: Path, eval_lines=False) -> list[dict]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if ("eval" in m) == eval_lines]
+
+
+def test_pretrain_converges_and_leaves_the_output_folder(tmp_path):
+    make_images(tmp_path / "imgs", n=64, formats=("png", "jpg", "webp", "bmp"))
+    out = tmp_path / "run"
+    assert run("--data.path", tmp_path / "imgs", "--loop.epochs", 4, "--loop.batch_size", 8, "--output_dir", out) == 0
+    for name in ("config.yaml", "metrics.jsonl", "encoder.safetensors", "preview.png"):
+        assert (out / name).is_file(), name
+    assert list((out / "checkpoints").glob("step_*"))
+    steps = metrics(out)
+    assert [m["step"] for m in steps] == list(range(1, 33))
+    assert all({"step", "epoch", "loss", "lr"} <= set(m) for m in steps)
+    first = sum(m["loss"] for m in steps[:4]) / 4
+    last = sum(m["loss"] for m in steps[-4:]) / 4
+    assert last < 0.8 * first, (first, last)
+    # the encoder is a plain timm ViT: it loads strictly
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=96, depth=3, num_heads=3, num_classes=0
+    )
+    vit.load_state_dict(load_file(out / "encoder.safetensors"), strict=True)
+
+
+def test_resume_is_bit_identical(tmp_path):
+    make_images(tmp_path / "imgs", n=24)
+    args = [
+        "--data.path",
+        tmp_path / "imgs",
+        "--loop.epochs",
+        3,
+        "--loop.batch_size",
+        4,
+        "--loop.checkpoint_every",
+        5,
+        "--loop.keep_checkpoints",
+        10,
+    ]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert run(*args, "--output_dir", full) == 0
+    # A run interrupted after step 5 (mid-epoch 0): only its first checkpoint exists.
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000005", part / "checkpoints" / "step_00000005")
+    assert run(*args, "--output_dir", part) == 0
+    a = load_file(full / "checkpoints" / "step_00000018" / "model.safetensors")
+    b = load_file(part / "checkpoints" / "step_00000018" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["loss"] for m in metrics(part)][-13:] == [m["loss"] for m in metrics(full)][-13:]
+
+
+def test_resume_refuses_a_changed_config_but_allows_more_epochs(tmp_path, capsys):
+    make_images(tmp_path / "imgs", n=16)
+    args = ["--data.path", tmp_path / "imgs", "--loop.batch_size", 8, "--output_dir", tmp_path / "run"]
+    assert run(*args, "--loop.epochs", 1) == 0
+    assert run(*args, "--loop.epochs", 1, "--model.mask_ratio", 0.5) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.mask_ratio: 0.75 -> 0.5" in err[0] and "--resume never" in err[0]
+    assert run(*args, "--loop.epochs", 2) == 0
+    assert metrics(tmp_path / "run")[-1]["step"] == 4
+    assert run(*args, "--loop.epochs", 1, "--model.mask_ratio", 0.5, "--resume", "never") == 0
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+    make_images(tmp_path / "imgs", n=32)
+    common = ["--data.path", tmp_path / "imgs", "--loop.epochs", 1]
+    assert run(*common, "--loop.batch_size", 8, "--output_dir", tmp_path / "full") == 0
+    assert run(*common, "--loop.batch_size", 4, "--loop.accum_steps", 2, "--output_dir", tmp_path / "acc") == 0
+    a, b = metrics(tmp_path / "full"), metrics(tmp_path / "acc")
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b, strict=True):
+        assert x["step"] == y["step"] and abs(x["loss"] - y["loss"]) < 1e-5
+    wa, wb = load_file(tmp_path / "full" / "encoder.safetensors"), load_file(tmp_path / "acc" / "encoder.safetensors")
+    for k in wa:
+        # Adam turns float noise in near-zero gradients into updates of up to lr (1e-3) per step.
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    make_images(tmp_path / "imgs", n=32)
+    common = [*FAST, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        "-m",
+        "mae",
+        "pretrain",
+        *common,
+        "--loop.batch_size",
+        "4",
+        "--output_dir",
+        str(tmp_path / "two"),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout + proc.stderr
+    assert run(*common[len(FAST) :], "--loop.batch_size", 8, "--output_dir", tmp_path / "one") == 0
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) == 8
+    for x, y in zip(one, two, strict=True):
+        assert abs(x["loss"] - y["loss"]) < 1e-5
+    wa, wb = load_file(tmp_path / "one" / "encoder.safetensors"), load_file(tmp_path / "two" / "encoder.safetensors")
+    for k in wa:
+        # Adam turns float noise in near-zero gradients into updates of up to lr (1e-3) per step.
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=2e-4)
+
+
+def test_corrupt_files_are_skipped_and_counted(tmp_path):
+    make_images(tmp_path / "imgs", n=16)
+    (tmp_path / "imgs" / "text.jpg").write_text("not an image")
+    (tmp_path / "imgs" / "empty.png").write_bytes(b"")
+    with pytest.warns(UserWarning, match="text.jpg"):
+        assert (
+            run(
+                "--data.path",
+                tmp_path / "imgs",
+                "--loop.epochs",
+                2,
+                "--loop.batch_size",
+                6,
+                "--output_dir",
+                tmp_path / "run",
+            )
+            == 0
+        )
+    assert metrics(tmp_path / "run")[-1]["skipped_files"] == 4  # two bad files, two epochs
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--data.path", "/no/such/folder"], "--data.path /no/such/folder: no such file or folder"),
+        (["--data.path", "{empty}"], "no images found"),
+        (["--model.img_size", "30"], "--model.img_size 30: must be a positive multiple of the patch size 8"),
+        (["--model.mask_ratio", "1.0"], "--model.mask_ratio 1.0: must be in [0, 1)"),
+        (["--model.name", "mae_vit_nope"], "unknown preset 'mae_vit_nope'"),
+        (["--loop.epochs", "-1"], "--loop.epochs -1: must be >= 1"),
+        (["--optim.blrr", "1e-3"], "unrecognized arguments: --optim.blrr"),
+        (["--loop.batch_size", "many"], "loop.batch_size"),
+        (["--loop.batch_size", "64"], "cannot fill one batch"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):
+    (tmp_path / "empty").mkdir()
+    make_images(tmp_path / "imgs", n=4)
+    args = [a.replace("{empty}", str(tmp_path / "empty")) for a in args]
+    if "--data.path" not in args:
+        args = ["--data.path", str(tmp_path / "imgs"), *args]
+    code = run(*args, "--output_dir", tmp_path / "out")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("mae pretrain: error:") and expected in err[0], err
+
+
+def test_typo_in_a_recipe_is_an_error(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  blr: 1e-3\n  warmpu_epochs: 3\n")
+    assert run("--config", recipe, "--output_dir", tmp_path / "o") == 2
+    assert "warmpu_epochs" in capsys.readouterr().err
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mae", "pretrain", "--data.path", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("mae pretrain: error: --data.path")
+
+
+def test_print_config_shows_resolved_values(capsys):
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--data.path", "x", "--optim.blr", "0.003", "--print_config"])
+    out = capsys.readouterr().out
+    assert "blr: 0.003" in out and "mask_ratio: 0.75" in out
+
+
+@pytest.mark.slow
+def test_demo_and_visualize(tmp_path):
+    out = tmp_path / "demo"
+    AcceleratorState._reset_state(True)
+    assert main(["pretrain", "--loop.epochs", "1", "--loop.progress", "false", "--output_dir", str(out)]) == 0
+    saved = (out / "config.yaml").read_text()
+    assert "mae_vit_tiny_patch16" in saved and "path: null" in saved
+    assert (out / "preview.png").is_file()
+    from PIL import Image
+
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (100, 80), (200, 100, 50)).save(photo)
+    assert (
+        main(
+            [
+                "visualize",
+                "--checkpoint",
+                str(out),
+                "--images",
+                str(photo),
+                str(photo),
+                "--output",
+                str(tmp_path / "grid.png"),
+            ]
+        )
+        == 0
+    )
+    with Image.open(tmp_path / "grid.png") as grid:
+        assert grid.size == (4 * 64 + 5 * 2, 2 * 64 + 3 * 2)

@@ -1,0 +1,23 @@
+import math
+
+import torch
+
+from mae.train.schedule import apply_lr, lr_at
+
+
+def test_warmup_then_cosine():
+    kw = dict(base_lr=1.0, total_steps=110, warmup_steps=10, min_lr=0.1)
+    assert lr_at(0, **kw) == 0.0
+    assert math.isclose(lr_at(5, **kw), 0.5)
+    assert math.isclose(lr_at(10, **kw), 1.0)
+    assert math.isclose(lr_at(60, **kw), 0.55)  # halfway down the cosine
+    assert math.isclose(lr_at(110, **kw), 0.1)
+    lrs = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_apply_lr_keeps_each_groups_scale():
+    p, q = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr_scale": 0.25}, {"params": [q]}], lr=1.0)
+    apply_lr(opt, 0.4)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.4]
