@@ -14,6 +14,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from mae.config import DEMO_OVERRIDES, ConfigError, PretrainConfig
 from mae.data.sources import DataError
+from mae.train.loop import TrainingError
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except (argparse.ArgumentError, ConfigError, DataError, FileNotFoundError) as e:
         print(f"mae {stage}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except TrainingError as e:
+        print(f"mae {stage}: stopped: {_one_line(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"mae {stage}: interrupted", file=sys.stderr)
         return 130

@@ -263,3 +263,32 @@ def test_demo_and_visualize(tmp_path):
     )
     with Image.open(tmp_path / "grid.png") as grid:
         assert grid.size == (4 * 64 + 5 * 2, 2 * 64 + 3 * 2)
+
+
+def test_nonfinite_losses_are_skipped_then_stop_the_run(tmp_path, monkeypatch, capsys):
+    from mae.train.tasks import PretrainTask
+
+    make_images(tmp_path / "imgs", n=16)
+    real_forward = PretrainTask.forward
+    calls = {"n": 0}
+
+    def flaky(self, batch):
+        calls["n"] += 1
+        out = real_forward(self, batch)
+        return {"loss": out["loss"] * float("nan")} if calls["n"] in (2, 3) else out
+
+    monkeypatch.setattr(PretrainTask, "forward", flaky)
+    args = ["--data.path", tmp_path / "imgs", "--loop.batch_size", 4, "--loop.epochs", 2]
+    assert run(*args, "--output_dir", tmp_path / "a") == 0
+    last = metrics(tmp_path / "a")[-1]
+    assert last["nonfinite_steps"] == 2 and last["step"] == 8
+    # the two skipped steps log no loss (null); every other step trained normally
+    assert [m["step"] for m in metrics(tmp_path / "a") if m["loss"] is None] == [2, 3]
+
+    def always_nan(self, batch):
+        return {"loss": real_forward(self, batch)["loss"] * float("nan")}
+
+    monkeypatch.setattr(PretrainTask, "forward", always_nan)
+    assert run(*args, "--output_dir", tmp_path / "b", "--loop.max_nonfinite_steps", 3) == 1
+    err = capsys.readouterr().err
+    assert "3 non-finite losses in a row" in err and "Traceback" not in err
