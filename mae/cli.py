@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from mae.config import DEMO_OVERRIDES, ConfigError, PretrainConfig
 from mae.data.sources import DataError
+from mae.importers import CheckpointError
 from mae.train.loop import TrainingError
 
 
@@ -31,9 +32,35 @@ class VisualizeConfig:
     """Seeds the masks."""
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    checkpoint: str
+    """A pretraining output folder, a checkpoint, or any file `load_pretrained` reads."""
+    output: str
+    """The .safetensors file to write (or the folder, with --format hf-folder)."""
+    format: Literal["safetensors", "hf-folder"] = "safetensors"
+    """safetensors: one file; hf-folder: model.safetensors + timm config.json + model card."""
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    source: str
+    """An official .pth, a transformers ViTMAE folder or file, a timm MAE encoder, or our own files."""
+    output: str
+    """The .safetensors file to write."""
+    encoder_only: bool = False
+    """Write only the encoder, as `mae export` does."""
+    num_heads: int | None = None
+    """Encoder head count, for widths that do not tell it."""
+    decoder_num_heads: int | None = None
+    """Decoder head count, for widths that do not tell it."""
+
+
 STAGES: dict[str, tuple[type, str]] = {
     "pretrain": (PretrainConfig, "Pretrain a ViT encoder by masked autoencoding."),
     "visualize": (VisualizeConfig, "Write original | masked | reconstruction grids for some images."),
+    "export": (ExportConfig, "Write the encoder as safetensors with timm key names."),
+    "convert": (ConvertConfig, "Convert another toolkit's MAE checkpoint to this project's safetensors."),
 }
 
 
@@ -43,9 +70,12 @@ def build_parser(stage: str) -> ArgumentParser:
     parser.add_argument("--config", action=ActionConfigFile, help="A recipe YAML (sparse: only what differs).")
     # A list of files reads best as `--images a.jpg b.jpg`, which needs argparse's nargs.
     lists = {"images"} if stage == "visualize" else set()
-    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists)
+    positional = {"source"} if stage == "convert" else set()
+    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists | positional)
     for name in lists:
         parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help="Image files.")
+    for name in positional:
+        parser.add_argument(name, type=str, help="The checkpoint to convert.")
     return parser
 
 
@@ -77,6 +107,19 @@ def run_stage(stage: str, cfg: Any) -> None:
         from mae.train.stages import run_visualize
 
         run_visualize(cfg)
+    elif stage == "export":
+        from mae.export import export_encoder
+
+        path = export_encoder(cfg.checkpoint, cfg.output, format=cfg.format)
+        print(f"wrote {path}")
+    elif stage == "convert":
+        from mae.export import export_encoder, save_model
+        from mae.importers import load_pretrained
+
+        heads = {k: v for k, v in (("num_heads", cfg.num_heads), ("decoder_num_heads", cfg.decoder_num_heads)) if v}
+        model = load_pretrained(cfg.source, **heads)
+        path = export_encoder(model, cfg.output) if cfg.encoder_only else save_model(model, cfg.output)
+        print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse(stage, rest)
         run_stage(stage, cfg)
-    except (argparse.ArgumentError, ConfigError, DataError, FileNotFoundError) as e:
+    except (argparse.ArgumentError, ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
         print(f"mae {stage}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except TrainingError as e:

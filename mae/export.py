@@ -1,208 +1,203 @@
-"""Weights in and out: key mappings between this project's MAE and other formats."""
+"""Weights out: the encoder as safetensors with timm key names, loadable by timm anywhere.
+
+`export_encoder` writes the encoder alone (no decoder, no mask token: timm's checkpoint filter
+reads a top-level `mask_token` as a DINOv2 checkpoint) with string metadata saying what it is;
+`--format hf-folder` adds timm's `config.json` and a model card, the layout `timm.create_model`
+reads from `hf-hub:` and `local-dir:`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
+from timm.models.vision_transformer import VisionTransformer
 
-# transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x
-# `layers.N.attention.q_proj` spellings) -> this project's names. Attention q/k/v are fused below.
-_HF_RULES: list[tuple[str, str]] = [
-    (r"^vit\.embeddings\.cls_token$", "encoder.cls_token"),
-    (r"^vit\.embeddings\.position_embeddings$", "encoder.pos_embed"),
-    (r"^vit\.embeddings\.patch_embeddings\.projection\.", "encoder.patch_embed.proj."),
-    (r"^vit\.(?:encoder\.layer|layers)\.(\d+)\.", r"encoder.blocks.\1."),
-    (r"^vit\.layernorm\.", "encoder.norm."),
-    (r"^decoder\.decoder_embed\.", "decoder.embed."),
-    (r"^decoder\.mask_token$", "decoder.mask_token"),
-    (r"^decoder\.decoder_pos_embed$", "decoder.pos_embed"),
-    (r"^decoder\.decoder_layers\.(\d+)\.", r"decoder.blocks.\1."),
-    (r"^decoder\.decoder_norm\.", "decoder.norm."),
-    (r"^decoder\.decoder_pred\.", "decoder.pred."),
-]
-_HF_BLOCK_RULES: list[tuple[str, str]] = [
-    (r"\.attention\.(?:attention\.)?(?:query|q_proj)\.", ".attn.q."),
-    (r"\.attention\.(?:attention\.)?(?:key|k_proj)\.", ".attn.k."),
-    (r"\.attention\.(?:attention\.)?(?:value|v_proj)\.", ".attn.v."),
-    (r"\.attention\.(?:output\.dense|o_proj)\.", ".attn.proj."),
-    (r"\.layernorm_before\.", ".norm1."),
-    (r"\.layernorm_after\.", ".norm2."),
-    (r"\.intermediate\.dense\.", ".mlp.fc1."),
-    (r"\.output\.dense\.", ".mlp.fc2."),
-]
+import mae
+from mae.config import IMAGENET_MEAN, IMAGENET_STD
+from mae.importers import CheckpointError, load_pretrained
+from mae.models.mae import MaskedAutoencoder
+
+_SIZES = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
 
 
-def _rename(key: str, rules: list[tuple[str, str]]) -> str:
-    for pattern, repl in rules:
-        key = re.sub(pattern, repl, key)
-    return key
-
-
-def _fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Concatenate separate `attn.q/k/v` tensors into timm's fused `attn.qkv` ([q; k; v])."""
-    out = {}
-    for key, value in state.items():
-        m = re.match(r"(.*\.attn\.)([qkv])\.(weight|bias)$", key)
-        if m is None:
-            out[key] = value
-        elif m.group(2) == "q":
-            prefix, kind = m.group(1), m.group(3)
-            parts = [state[f"{prefix}{c}.{kind}"] for c in "qkv"]
-            out[f"{prefix}qkv.{kind}"] = torch.cat(parts, dim=0)
-    return out
-
-
-def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `_fuse_qkv`."""
-    out = {}
-    for key, value in state.items():
-        m = re.match(r"(.*\.attn\.)qkv\.(weight|bias)$", key)
-        if m is None:
-            out[key] = value
-            continue
-        for name, part in zip("qkv", value.chunk(3, dim=0), strict=True):
-            out[f"{m.group(1)}{name}.{m.group(2)}"] = part
-    return out
-
-
-def hf_vitmae_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A transformers `ViTMAEForPreTraining` state dict -> `MaskedAutoencoder` keys.
-
-    transformers stores the sine-cosine tables in the same channel order as the official code
-    (it builds the canonical [h | w] table and swaps the halves), so they copy unchanged.
-    """
-    renamed = {}
-    for key, value in state.items():
-        new = _rename(key, _HF_RULES)
-        if new.startswith(("encoder.blocks.", "decoder.blocks.")):
-            new = _rename(new, _HF_BLOCK_RULES)
-        renamed[new] = value
-    return _fuse_qkv(renamed)
-
-
-def mae_to_hf_vitmae(state: dict[str, torch.Tensor], *, layout: str = "v5") -> dict[str, torch.Tensor]:
-    """`MaskedAutoencoder` keys -> transformers `ViTMAEForPreTraining` (`layout` "v5" or "v4")."""
-    if layout not in ("v4", "v5"):
-        raise ValueError(f"layout must be 'v4' or 'v5', got {layout!r}")
-    v5 = layout == "v5"
-    block = {
-        "attn.q.": "attention.q_proj." if v5 else "attention.attention.query.",
-        "attn.k.": "attention.k_proj." if v5 else "attention.attention.key.",
-        "attn.v.": "attention.v_proj." if v5 else "attention.attention.value.",
-        "attn.proj.": "attention.o_proj." if v5 else "attention.output.dense.",
-        "norm1.": "layernorm_before.",
-        "norm2.": "layernorm_after.",
-        "mlp.fc1.": "mlp.fc1." if v5 else "intermediate.dense.",
-        "mlp.fc2.": "mlp.fc2." if v5 else "output.dense.",
+def timm_architecture(model: MaskedAutoencoder) -> tuple[str, dict[str, Any]]:
+    """(a timm ViT name, the model args that make it exactly our encoder)."""
+    enc = model.encoder
+    width = min(_SIZES, key=lambda w: abs(w - enc.embed_dim))
+    size = _SIZES[width]
+    # The exact timm name when one exists; else a ViT of that width (model_args make it exact).
+    candidates = [f"vit_{size}_patch{model.patch_size}_224", *timm.list_models(f"vit_{size}_patch*_224")]
+    name = next(c for c in candidates if timm.is_model(c))
+    args = {
+        "img_size": list(model.img_size),
+        "patch_size": model.patch_size,
+        "in_chans": model.in_chans,
+        "embed_dim": enc.embed_dim,
+        "depth": len(enc.blocks),
+        "num_heads": enc.blocks[0].attn.num_heads,
+        "mlp_ratio": enc.blocks[0].mlp.fc1.out_features / enc.embed_dim,
+        "global_pool": enc.global_pool,
     }
-    top = {
-        "encoder.cls_token": "vit.embeddings.cls_token",
-        "encoder.pos_embed": "vit.embeddings.position_embeddings",
-        "encoder.patch_embed.proj.": "vit.embeddings.patch_embeddings.projection.",
-        "encoder.norm.": "vit.layernorm.",
-        "decoder.embed.": "decoder.decoder_embed.",
-        "decoder.mask_token": "decoder.mask_token",
-        "decoder.pos_embed": "decoder.decoder_pos_embed",
-        "decoder.norm.": "decoder.decoder_norm.",
-        "decoder.pred.": "decoder.decoder_pred.",
-    }
-    out = {}
-    for key, value in _split_qkv(state).items():
-        m = re.match(r"(encoder|decoder)\.blocks\.(\d+)\.(.*)$", key)
-        if m:
-            prefix = (
-                ("vit.layers." if v5 else "vit.encoder.layer.")
-                if m.group(1) == "encoder"
-                else ("decoder.decoder_layers.")
-            )
-            rest = m.group(3)
-            for src, dst in block.items():
-                if rest.startswith(src):
-                    rest = dst + rest[len(src) :]
-                    break
-            out[f"{prefix}{m.group(2)}.{rest}"] = value
-            continue
-        for src, dst in top.items():
-            if key.startswith(src):
-                out[dst + key[len(src) :]] = value
-                break
-        else:
-            raise KeyError(f"no transformers name for parameter '{key}'")
-    return out
+    return name, args
 
 
-# --- this project's own files -------------------------------------------------------------------
-
-
-def encoder_state_dict(model) -> dict[str, torch.Tensor]:
-    """The encoder's weights with timm key names, as contiguous unshared tensors."""
+def encoder_state_dict(model: MaskedAutoencoder) -> dict[str, torch.Tensor]:
+    """The encoder's weights with timm key names, as contiguous unshared CPU tensors."""
     return {k: v.detach().cpu().contiguous().clone() for k, v in model.encoder.state_dict().items()}
 
 
-def save_encoder(model, path: str | os.PathLike, config: dict[str, Any] | None = None) -> Path:
-    """Write encoder-only safetensors (timm keys) with string metadata describing it."""
+def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> Path:
     from safetensors.torch import save_file
 
-    import mae
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path
 
-    enc = model.encoder
+
+def save_encoder(model: MaskedAutoencoder, path: str | os.PathLike, config: dict[str, Any] | None = None) -> Path:
+    """Write encoder-only safetensors (timm keys) with metadata describing it."""
+    arch, args = timm_architecture(model)
+    data = (config or {}).get("data", {})
     metadata = {
         "format": "pt",
-        "img_size": json.dumps(list(model.img_size)),
+        "architecture": arch,
+        "model_args": json.dumps(args),
+        "img_size": json.dumps(args["img_size"]),
         "patch_size": str(model.patch_size),
-        "embed_dim": str(enc.embed_dim),
-        "depth": str(len(enc.blocks)),
-        "num_heads": str(enc.blocks[0].attn.num_heads),
-        "global_pool": enc.global_pool,
+        "num_heads": str(args["num_heads"]),
+        "mean": json.dumps(list(data.get("mean", IMAGENET_MEAN))),
+        "std": json.dumps(list(data.get("std", IMAGENET_STD))),
+        "global_pool": args["global_pool"],
         "mae_version": mae.__version__,
     }
     if config is not None:
         metadata["config"] = json.dumps(config)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(encoder_state_dict(model), str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-    return path
+    return _save(encoder_state_dict(model), Path(path), metadata)
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """An output folder -> its latest checkpoint; a checkpoint folder -> itself."""
+def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
+    """The whole MAE (encoder and decoder) as one safetensors file that `load_pretrained` reads."""
+    kwargs = {
+        "img_size": list(model.img_size),
+        "patch_size": model.patch_size,
+        "in_chans": model.in_chans,
+        "num_heads": model.encoder.blocks[0].attn.num_heads,
+        "decoder_num_heads": model.decoder.blocks[0].attn.num_heads if len(model.decoder.blocks) else 16,
+        "mask_ratio": model.mask_ratio,
+        "norm_pix_loss": model.norm_pix_loss,
+    }
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    return _save(
+        tensors, Path(path), {"format": "pt", "mae_model_args": json.dumps(kwargs), "mae_version": mae.__version__}
+    )
+
+
+def _source_config(source: Any) -> dict[str, Any] | None:
+    """The resolved training config that produced `source`, when it is one of our runs."""
+    import yaml
+
     from mae.train.checkpoint import list_checkpoints
 
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or folder")
-    if (p / "model.safetensors").exists() and (p / "config.yaml").exists():
-        return p
-    found = list_checkpoints(p)
-    if not found:
-        raise FileNotFoundError(f"{p}: not a checkpoint and holds no checkpoints/step_* folder")
-    return found[-1]
+    if isinstance(source, MaskedAutoencoder):
+        return None
+    p = Path(source)
+    for candidate in (p / "config.yaml", *(c / "config.yaml" for c in list_checkpoints(p)[-1:])):
+        if candidate.is_file():
+            return yaml.safe_load(candidate.read_text())
+    return None
 
 
-def load_pretrained(path: str | os.PathLike, **overrides: Any):
-    """A `MaskedAutoencoder` from this project's output folder or checkpoint folder.
+def export_encoder(
+    source: MaskedAutoencoder | str | os.PathLike, path: str | os.PathLike, format: str = "safetensors"
+) -> Path:
+    """Write `source`'s encoder (a model, an output folder or any checkpoint `load_pretrained` reads).
 
-    `overrides` take `create_mae`'s names and replace what the saved config says.
+    format: "safetensors" (one file) or "hf-folder" (model.safetensors + timm config.json + README.md).
     """
-    import yaml
-    from safetensors.torch import load_file
+    if format not in ("safetensors", "hf-folder"):
+        raise ValueError(f"--format {format}: choose safetensors or hf-folder")
+    model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
+    config = _source_config(source)
+    if format == "safetensors":
+        return save_encoder(model, path, config)
+    folder = Path(path)
+    weights = save_encoder(model, folder / "model.safetensors", config)
+    arch, args = timm_architecture(model)
+    data = (config or {}).get("data", {})
+    pretrained_cfg = {
+        "tag": "mae",
+        "input_size": [model.in_chans, *model.img_size],
+        "fixed_input_size": True,
+        "interpolation": "bicubic",
+        "crop_pct": 0.875,
+        "crop_mode": "center",
+        "mean": list(data.get("mean", IMAGENET_MEAN)),
+        "std": list(data.get("std", IMAGENET_STD)),
+        "num_classes": 0,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
+    hub_config = {
+        "architecture": arch,
+        "num_classes": 0,
+        "num_features": args["embed_dim"],
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "pretrained_cfg": pretrained_cfg,
+    }
+    (folder / "config.json").write_text(json.dumps(hub_config, indent=2) + "\n")
+    (folder / "README.md").write_text(_model_card(arch, args, config))
+    return weights.parent
 
-    from mae.models.registry import create_mae
 
-    ckpt = resolve_checkpoint(path)
-    cfg = yaml.safe_load((ckpt / "config.yaml").read_text())["model"]
-    kwargs = {"img_size": cfg["img_size"], "mask_ratio": cfg["mask_ratio"], "norm_pix_loss": cfg["norm_pix_loss"]}
-    if cfg.get("patch_size"):
-        kwargs["patch_size"] = cfg["patch_size"]
-    if isinstance(kwargs["img_size"], list):
-        kwargs["img_size"] = tuple(kwargs["img_size"])
-    model = create_mae(cfg["name"], **{**kwargs, **overrides})
-    model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=True)
-    return model
+def _model_card(arch: str, args: dict[str, Any], config: dict[str, Any] | None) -> str:
+    source = (config or {}).get("data", {}).get("path") or "unknown data"
+    epochs = (config or {}).get("loop", {}).get("epochs", "?")
+    return f"""---
+library_name: timm
+tags: [image-feature-extraction, mae, timm]
+---
+# {arch} pretrained as a masked autoencoder
+
+A ViT encoder ({args["embed_dim"]} wide, {args["depth"]} blocks, patch {args["patch_size"]},
+{args["img_size"][0]}x{args["img_size"][1]} input) pretrained with the `mae` toolkit for {epochs} epochs on
+{source}. It has no classifier head: use it as a feature extractor or fine-tune it.
+
+```python
+import timm
+model = timm.create_model("hf-hub:USER/REPO", pretrained=True)   # or "local-dir:/path/to/this/folder"
+features = model.forward_features(images)                        # [N, 1 + L, {args["embed_dim"]}]
+```
+"""
+
+
+def load_encoder(path: str | os.PathLike, num_classes: int = 0, **timm_kwargs: Any) -> VisionTransformer:
+    """A timm `VisionTransformer` with the exported weights (an export file, an hf-folder, or an
+    output folder holding `encoder.safetensors`). A different `img_size` resamples the position
+    embedding (timm's `resample_abs_pos_embed`); `num_classes > 0` adds a fresh head."""
+    from safetensors import SafetensorError, safe_open
+
+    p = Path(path)
+    if p.is_dir():
+        p = next((p / n for n in ("model.safetensors", "encoder.safetensors") if (p / n).is_file()), p)
+    if not p.is_file():
+        raise CheckpointError(f"{path}: no encoder export (.safetensors) there; run `mae export` first")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+    if "architecture" not in meta or "model_args" not in meta:
+        raise CheckpointError(f"{p}: not an encoder export of this toolkit (no architecture metadata)")
+    args = {**json.loads(meta["model_args"]), **timm_kwargs}
+    overlay = {"file": str(p), "num_classes": 0}
+    return timm.create_model(
+        meta["architecture"], pretrained=True, pretrained_cfg_overlay=overlay, num_classes=num_classes, **args
+    )

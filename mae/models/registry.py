@@ -13,14 +13,11 @@ from mae.models.mae import MaskedAutoencoder
 
 _PRESETS: dict[str, dict[str, Any]] = {}
 _ALIASES: dict[str, str] = {}
-# The timm architecture each preset's encoder matches at 224 px (used to name exports).
-_TIMM_ARCH: dict[str, str] = {}
 
 
-def register_preset(name: str, *, timm_arch: str, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
+def register_preset(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
     """Add a preset: `kwargs` are `MaskedAutoencoder` arguments."""
     _PRESETS[name] = kwargs
-    _TIMM_ARCH[name] = timm_arch
     for alias in aliases:
         _ALIASES[alias] = name
 
@@ -43,10 +40,6 @@ def preset_config(name: str) -> dict[str, Any]:
     return dict(_PRESETS[resolve_preset(name)])
 
 
-def preset_timm_arch(name: str) -> str:
-    return _TIMM_ARCH[resolve_preset(name)]
-
-
 _MODEL_ARGS = frozenset(inspect.signature(MaskedAutoencoder.__init__).parameters) - {"self"}
 
 
@@ -62,39 +55,33 @@ _PAPER_DECODER = dict(decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=
 
 register_preset(
     "mae_vit_micro_patch8",
-    timm_arch="vit_tiny_patch16_224",  # no timm name at this size; the export states the real shape
     img_size=32, patch_size=8, embed_dim=96, depth=3, num_heads=3,
     decoder_embed_dim=64, decoder_depth=1, decoder_num_heads=2,
 )  # fmt: skip
 register_preset(
     "mae_vit_tiny_patch16",
-    timm_arch="vit_tiny_patch16_224",
     aliases=("mae_vit_tiny_patch16_dec256d4b",),
     patch_size=16, embed_dim=192, depth=12, num_heads=3,
     decoder_embed_dim=256, decoder_depth=4, decoder_num_heads=8,
 )  # fmt: skip
 register_preset(
     "mae_vit_small_patch16",
-    timm_arch="vit_small_patch16_224",
     aliases=("mae_vit_small_patch16_dec256d4b",),
     patch_size=16, embed_dim=384, depth=12, num_heads=6,
     decoder_embed_dim=256, decoder_depth=4, decoder_num_heads=8,
 )  # fmt: skip
 register_preset(
     "mae_vit_base_patch16",
-    timm_arch="vit_base_patch16_224",
     aliases=("mae_vit_base_patch16_dec512d8b",),
     patch_size=16, embed_dim=768, depth=12, num_heads=12, **_PAPER_DECODER,
 )  # fmt: skip
 register_preset(
     "mae_vit_large_patch16",
-    timm_arch="vit_large_patch16_224",
     aliases=("mae_vit_large_patch16_dec512d8b",),
     patch_size=16, embed_dim=1024, depth=24, num_heads=16, **_PAPER_DECODER,
 )  # fmt: skip
 register_preset(
     "mae_vit_huge_patch14",
-    timm_arch="vit_huge_patch14_224",
     aliases=("mae_vit_huge_patch14_dec512d8b",),
     img_size=224, patch_size=14, embed_dim=1280, depth=32, num_heads=16, **_PAPER_DECODER,
 )  # fmt: skip

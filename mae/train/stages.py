@@ -18,6 +18,7 @@ from mae.data.samplers import EpochSampler
 from mae.data.sources import open_source
 from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import save_encoder
+from mae.importers import load_pretrained
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.train.checkpoint import list_checkpoints, load_loop_state
 from mae.train.loop import LoopState, Schedule, fit
@@ -248,7 +249,6 @@ def run_visualize(cfg) -> Path:
 
     from mae.data.sources import to_rgb
     from mae.data.transforms import DECODE_ERRORS
-    from mae.export import load_pretrained
     from mae.visualize import reconstruction_grid, save_grid
 
     model = load_pretrained(cfg.checkpoint)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mae.export import hf_vitmae_to_mae, mae_to_hf_vitmae
+from mae.importers import hf_vitmae_to_mae, mae_to_hf_vitmae
 from mae.models import create_mae
 
 transformers = pytest.importorskip("transformers")
