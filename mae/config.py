@@ -82,8 +82,8 @@ class LoopConfig:
     """Optimizer steps between checkpoints (one is always written at the end)."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep."""
-    preview_every: int = 20
-    """Epochs between reconstruction previews (one is always written at the end)."""
+    eval_every: int = 20
+    """Epochs between evaluations (pretraining: reconstruction previews); one always runs at the end."""
     max_nonfinite_steps: int = 20
     """Consecutive non-finite losses that stop the run."""
     log_with: str = "auto"
@@ -106,6 +106,130 @@ class PretrainConfig:
     """auto: continue from the latest checkpoint in output_dir; never: start over; or a checkpoint path."""
 
 
+@dataclass(frozen=True)
+class LabeledDataConfig:
+    path: str | None = None
+    """Labeled training data: a folder with one subfolder per class, a `save_to_disk` folder, or hf:NAME[:split]."""
+    val_path: str | None = None
+    """Labeled validation data (same forms); null holds out --data.val_fraction of the training data."""
+    val_fraction: float = 0.1
+    """Fraction of --data.path held out for validation when there is no --data.val_path (seeded)."""
+    image_column: str | None = None
+    """Image column of a `datasets` source; null picks the first Image feature."""
+    label_column: str | None = None
+    """Label column of a `datasets` source; null picks the first ClassLabel, or 'label'."""
+    mean: tuple[float, float, float] | None = None
+    """Normalisation mean; null = what the encoder was pretrained with."""
+    std: tuple[float, float, float] | None = None
+    """Normalisation std; null = what the encoder was pretrained with."""
+    crop_pct: float = 0.875
+    """Evaluation: resize to img_size / crop_pct, then centre-crop img_size."""
+    num_workers: int = 2
+    """DataLoader worker processes per training process."""
+
+
+@dataclass(frozen=True)
+class ClassifierModelConfig:
+    img_size: Union[int, tuple[int, int], None] = None  # noqa: UP007 (jsonargparse reads the Union)
+    """Input size; null = the pretrained encoder's (a different size resamples the position embedding)."""
+    pool: Literal["token", "avg"] = "avg"
+    """Features: the cls token, or the average of the patch tokens."""
+    drop_path: float = 0.1
+    """Stochastic depth rate (fine-tuning)."""
+    ema_decay: float | None = None
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.9999); evaluated and exported."""
+
+
+@dataclass(frozen=True)
+class ProbeOptimConfig:
+    blr: float = 0.1
+    """Base learning rate: lr = blr x effective batch / 256 (the paper's linear probe: 0.1 with LARS)."""
+    lr: float | None = None
+    """Absolute learning rate; overrides blr when set."""
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    warmup_epochs: float = 10.0
+    momentum: float = 0.9
+    """LARS momentum."""
+
+
+@dataclass(frozen=True)
+class FinetuneOptimConfig:
+    blr: float = 1e-3
+    """Base learning rate: lr = blr x effective batch / 256 (5e-4 for the paper's norm-pix ViT-B)."""
+    lr: float | None = None
+    min_lr: float = 1e-6
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    layer_decay: float = 0.75
+    """Layer-wise lr decay: block i trains at lr x decay^(depth + 1 - (i + 1))."""
+    warmup_epochs: float = 5.0
+    clip_grad: float | None = None
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    """timm RandAugment policy; null turns it off."""
+    reprob: float = 0.25
+    """Random-erasing probability."""
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    smoothing: float = 0.1
+    """Label smoothing."""
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    """RandomResizedCrop area range."""
+
+
+@dataclass(frozen=True)
+class LinprobeConfig:
+    pretrained: str | None = None
+    """An encoder export, a pretraining output folder, or any checkpoint `load_pretrained` reads."""
+    model: ClassifierModelConfig = field(default_factory=lambda: ClassifierModelConfig(pool="token", drop_path=0.0))
+    data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
+    optim: ProbeOptimConfig = field(default_factory=ProbeOptimConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=90, batch_size=256, eval_every=10))
+    mode: Literal["auto", "cached", "augmented"] = "auto"
+    """cached: encode once, train the head on stored features; augmented: the paper's crops through the encoder."""
+    augment: bool = False
+    """Random-resized-crop + flip (the paper's protocol); implies the augmented mode."""
+    cache_dir: str | None = None
+    """Keep cached features on disk here (memory-mapped) instead of in memory."""
+    output_dir: str = "outputs/linprobe"
+    seed: int = 0
+    resume: str = "auto"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    pretrained: str | None = None
+    """An encoder export, a pretraining output folder, any checkpoint `load_pretrained` reads; none = from scratch."""
+    model: ClassifierModelConfig = field(default_factory=ClassifierModelConfig)
+    data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
+    optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+    aug: AugmentConfig = field(default_factory=AugmentConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=100, batch_size=64, eval_every=1))
+    output_dir: str = "outputs/finetune"
+    seed: int = 0
+    resume: str = "auto"
+
+
+@dataclass(frozen=True)
+class KnnConfig:
+    pretrained: str | None = None
+    """An encoder export, a pretraining output folder, or any checkpoint `load_pretrained` reads."""
+    model: ClassifierModelConfig = field(default_factory=lambda: ClassifierModelConfig(pool="token", drop_path=0.0))
+    data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, batch_size=256))
+    k: int = 20
+    """Neighbours that vote."""
+    temperature: float = 0.07
+    """Votes are weighted by exp(cosine similarity / temperature)."""
+    output_dir: str = "outputs/knn"
+    seed: int = 0
+    resume: str = "never"
+
+
 # Settings applied under the user's own options when `mae pretrain` runs on the demo images,
 # so the first command a new user types finishes in a couple of minutes on a laptop CPU.
 DEMO_OVERRIDES: dict[str, Any] = {
@@ -116,7 +240,7 @@ DEMO_OVERRIDES: dict[str, Any] = {
     "optim.warmup_epochs": 2.0,
     "loop.epochs": 40,
     "loop.batch_size": 32,
-    "loop.preview_every": 20,
+    "loop.eval_every": 20,
     "loop.log_every": 10,
     "loop.checkpoint_every": 1000,
     "output_dir": "outputs/demo",

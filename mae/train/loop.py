@@ -169,7 +169,7 @@ def fit(
             state.epoch += 1
             state.batch_in_epoch = 0
             final = state.epoch == loop.epochs
-            if final or (loop.preview_every and state.epoch % loop.preview_every == 0):
+            if final or (loop.eval_every and state.epoch % loop.eval_every == 0):
                 result = task.evaluate(state.epoch, final)
                 if result:
                     metrics.write({"step": state.step, "epoch": state.epoch, **result})

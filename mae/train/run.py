@@ -1,0 +1,184 @@
+"""What every training stage does around `fit`: the Accelerator, loaders, resume, config.yaml, trackers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from mae.config import ConfigError, flatten, to_dict
+from mae.train.checkpoint import list_checkpoints, load_loop_state
+from mae.train.loop import LoopState, Schedule, fit
+from mae.train.metrics import MetricsWriter
+
+
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 or AMX: where CPU autocast to bf16 pays (elsewhere it is emulated and slow)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_has_bf16() else "no"
+
+
+def resolve_tracker(choice: str) -> str | None:
+    if choice == "auto":
+        found = importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+        return "tensorboard" if found else None
+    return None if choice == "none" else choice
+
+
+def _multi_process_cpu() -> bool:
+    """torchrun / accelerate launch without GPUs: Accelerate needs cpu=True to use gloo."""
+    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def check_output_dir(cfg: Any) -> None:
+    out = Path(cfg.output_dir)
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"--output_dir {cfg.output_dir}: not writable; choose a folder you can write to")
+    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+        raise ConfigError(f"--resume {cfg.resume}: no such checkpoint; use auto, never or a checkpoint folder")
+
+
+def find_resume_checkpoint(cfg: Any) -> Path | None:
+    """The checkpoint to continue from, after checking it ran the same config (epochs aside)."""
+    if cfg.resume == "never":
+        return None
+    found = list_checkpoints(cfg.output_dir)[-1:] if cfg.resume == "auto" else [Path(cfg.resume)]
+    if not found:
+        return None
+    ckpt = found[0]
+    saved = flatten(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    current = flatten(to_dict(cfg))
+    ignore = {"loop.epochs", "resume", "output_dir"}
+    changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))
+    if changed:
+        diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"--resume {cfg.resume}: {ckpt} was trained with a different config ({diffs}); "
+            "restore those options, or pass --resume never (or a new --output_dir) to start over"
+        )
+    return ckpt
+
+
+def open_accelerator(cfg: Any) -> Accelerator:
+    """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`."""
+    accelerator = Accelerator(
+        mixed_precision=resolve_precision(cfg.loop.mixed_precision),
+        gradient_accumulation_steps=cfg.loop.accum_steps,
+        log_with=resolve_tracker(cfg.loop.log_with),
+        project_dir=str(cfg.output_dir),
+        cpu=_multi_process_cpu(),
+    )
+    set_seed(cfg.seed)
+    return accelerator
+
+
+def make_loader(
+    dataset: torch.utils.data.Dataset,
+    *,
+    batch_size: int,
+    collate_fn: Any,
+    num_workers: int,
+    sampler: Any = None,
+    drop_last: bool = True,
+) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,  # the epoch travels with each index, not the dataset
+    )
+
+
+def check_batch_fits(n: int, cfg: Any, accelerator: Accelerator) -> None:
+    if n < cfg.loop.batch_size * accelerator.num_processes:
+        raise ConfigError(
+            f"--loop.batch_size {cfg.loop.batch_size}: {n} images cannot fill one batch of "
+            f"{cfg.loop.batch_size} x {accelerator.num_processes} processes; lower the batch size"
+        )
+
+
+def effective_lr(cfg: Any, accelerator: Accelerator) -> tuple[float, int]:
+    """(absolute lr, effective batch): lr = blr x effective batch / 256 unless --optim.lr is set."""
+    eff_batch = cfg.loop.batch_size * cfg.loop.accum_steps * accelerator.num_processes
+    lr = cfg.optim.lr if cfg.optim.lr is not None else cfg.optim.blr * eff_batch / 256
+    return lr, eff_batch
+
+
+def train(
+    cfg: Any,
+    task: Any,
+    *,
+    accelerator: Accelerator,
+    optimizer: torch.optim.Optimizer,
+    loader: torch.utils.data.DataLoader,
+    sampler: Any,
+    lr: float,
+    what: str,
+    resume_from: Path | None,
+) -> LoopState:
+    """Write config.yaml, restore a checkpoint, start trackers, then `fit` (model, optimizer and
+    loader already prepared)."""
+    output_dir = Path(cfg.output_dir)
+    steps_per_epoch = math.ceil(len(loader) / cfg.loop.accum_steps)
+    schedule = Schedule(
+        base_lr=lr,
+        min_lr=cfg.optim.min_lr,
+        total_steps=cfg.loop.epochs * steps_per_epoch,
+        warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
+    )
+    config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    state = LoopState()
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(config_yaml)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        state = LoopState(**load_loop_state(resume_from))
+        accelerator.print(f"resuming from {resume_from} (step {state.step}, epoch {state.epoch})")
+    elif accelerator.is_main_process and (output_dir / "metrics.jsonl").exists():
+        (output_dir / "metrics.jsonl").unlink()  # a fresh start: the old run's log would mislead
+    MetricsWriter(accelerator, output_dir).truncate_after(state.step)
+    if accelerator.log_with:
+        accelerator.init_trackers("mae", config=flatten(to_dict(cfg)))
+    eff_batch = cfg.loop.batch_size * cfg.loop.accum_steps * accelerator.num_processes
+    accelerator.print(
+        f"{what}: effective batch {eff_batch}, lr {lr:.3g} (blr {cfg.optim.blr:g}), {steps_per_epoch} steps/epoch, "
+        f"{schedule.total_steps} steps, precision {accelerator.mixed_precision}, "
+        f"{accelerator.num_processes} process(es)"
+    )
+    return fit(
+        task,
+        accelerator=accelerator,
+        loader=loader,
+        sampler=sampler,
+        optimizer=optimizer,
+        schedule=schedule,
+        loop=cfg.loop,
+        output_dir=output_dir,
+        config_yaml=config_yaml,
+        state=state,
+        clip_grad=getattr(cfg.optim, "clip_grad", None),
+    )
