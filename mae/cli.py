@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from mae.config import DEMO_OVERRIDES, ConfigError, PretrainConfig
+from mae.config import DEMO_OVERRIDES, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, PretrainConfig
 from mae.data.sources import DataError
 from mae.importers import CheckpointError
 from mae.train.loop import TrainingError
@@ -58,6 +58,9 @@ class ConvertConfig:
 
 STAGES: dict[str, tuple[type, str]] = {
     "pretrain": (PretrainConfig, "Pretrain a ViT encoder by masked autoencoding."),
+    "linprobe": (LinprobeConfig, "Train a linear classifier on the frozen encoder's features."),
+    "finetune": (FinetuneConfig, "Fine-tune the whole ViT with a fresh classifier head."),
+    "knn": (KnnConfig, "Weighted k-NN classification with the frozen encoder's features."),
     "visualize": (VisualizeConfig, "Write original | masked | reconstruction grids for some images."),
     "export": (ExportConfig, "Write the encoder as safetensors with timm key names."),
     "convert": (ConvertConfig, "Convert another toolkit's MAE checkpoint to this project's safetensors."),
@@ -103,6 +106,10 @@ def run_stage(stage: str, cfg: Any) -> None:
         from mae.train.stages import run_pretrain
 
         run_pretrain(cfg)
+    elif stage in ("linprobe", "finetune", "knn"):
+        from mae.train import downstream
+
+        getattr(downstream, f"run_{stage}")(cfg)
     elif stage == "visualize":
         from mae.train.stages import run_visualize
 

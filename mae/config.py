@@ -150,7 +150,10 @@ class ProbeOptimConfig:
     weight_decay: float = 0.0
     warmup_epochs: float = 10.0
     momentum: float = 0.9
-    """LARS momentum."""
+    """LARS / SGD momentum."""
+    optimizer: Literal["lars", "sgd", "adamw"] = "lars"
+    """lars is the paper's (for batches in the thousands); at small batches its trust ratio makes tiny steps,
+    and sgd or adamw train the head in far fewer steps."""
 
 
 @dataclass(frozen=True)

@@ -201,3 +201,128 @@ def load_encoder(path: str | os.PathLike, num_classes: int = 0, **timm_kwargs: A
     return timm.create_model(
         meta["architecture"], pretrained=True, pretrained_cfg_overlay=overlay, num_classes=num_classes, **args
     )
+
+
+# --- encoders for downstream stages ---------------------------------------------------------------
+
+
+def encoder_source(path: str, img_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
+    """What a downstream stage needs of `--pretrained`: {"state", "arch", "args", "mean", "std"}.
+
+    `path` is an encoder export (file or hf-folder), an output folder, any checkpoint
+    `load_pretrained` reads, or `random:PRESET` for a randomly initialised encoder (baselines).
+    """
+    import warnings
+
+    from safetensors.torch import load_file
+
+    from mae.models.registry import create_mae
+
+    if path.startswith("random:"):
+        model = create_mae(path[len("random:") :], **({"img_size": img_size} if img_size else {}))
+        meta: dict[str, str] = {}
+    else:
+        p = Path(path)
+        if p.is_dir() and (p / "encoder.safetensors").is_file():  # a finished pretraining run
+            p = p / "encoder.safetensors"
+        elif p.is_dir() and (p / "config.json").is_file() and (p / "model.safetensors").is_file():
+            p = p / "model.safetensors"
+        meta = _metadata(p) if p.is_file() and p.suffix == ".safetensors" else {}
+        if "architecture" in meta and "model_args" in meta:
+            args = json.loads(meta["model_args"])
+            return {
+                "state": load_file(str(p)),
+                "arch": meta["architecture"],
+                "args": args,
+                "mean": json.loads(meta.get("mean", json.dumps(IMAGENET_MEAN))),
+                "std": json.loads(meta.get("std", json.dumps(IMAGENET_STD))),
+            }
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not used here
+            model = load_pretrained(path)
+        config = _source_config(path) or {}
+        meta = {k: json.dumps(v) for k, v in config.get("data", {}).items() if k in ("mean", "std")}
+    arch, args = timm_architecture(model)
+    return {
+        "state": encoder_state_dict(model),
+        "arch": arch,
+        "args": args,
+        "mean": json.loads(meta.get("mean", json.dumps(IMAGENET_MEAN))),
+        "std": json.loads(meta.get("std", json.dumps(IMAGENET_STD))),
+    }
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError):
+        return {}
+
+
+def build_classifier(
+    source: dict[str, Any],
+    num_classes: int,
+    *,
+    img_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    fc_norm: bool | None = None,
+    drop_path_rate: float = 0.0,
+) -> tuple[VisionTransformer, str, dict[str, Any]]:
+    """A timm ViT with the encoder's weights and a fresh head; returns (model, arch, model args).
+
+    With average pooling and `fc_norm` (timm's default for "avg", the paper's fine-tuning), the
+    encoder's final norm is dropped and `fc_norm` starts fresh, as the official code does.
+    A different `img_size` resamples the position embedding (timm's checkpoint filter).
+    """
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    args = {**source["args"], "global_pool": global_pool, "drop_path_rate": drop_path_rate}
+    if fc_norm is not None:
+        args["fc_norm"] = fc_norm
+    if img_size is not None:
+        args["img_size"] = [img_size, img_size] if isinstance(img_size, int) else list(img_size)
+    model = timm.create_model(source["arch"], pretrained=False, num_classes=num_classes, **args)
+    state = checkpoint_filter_fn(dict(source["state"]), model)
+    if isinstance(model.norm, torch.nn.Identity):
+        state = {k: v for k, v in state.items() if not k.startswith("norm.")}
+    result = model.load_state_dict(state, strict=False)
+    fresh = [k for k in result.missing_keys if not k.startswith(("head.", "fc_norm."))]
+    if fresh or result.unexpected_keys:
+        raise CheckpointError(
+            f"the encoder does not fit {source['arch']}: missing {fresh}, unexpected {result.unexpected_keys}"
+        )
+    if num_classes:
+        torch.nn.init.zeros_(model.head.bias)
+    args = {k: v for k, v in args.items() if k != "drop_path_rate"}
+    return model, source["arch"], args
+
+
+def save_classifier(
+    model: VisionTransformer,
+    path: str | os.PathLike,
+    *,
+    arch: str,
+    args: dict[str, Any],
+    classes: list[str],
+    mean: list[float],
+    std: list[float],
+    config: dict[str, Any] | None = None,
+) -> Path:
+    """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads."""
+    args = {**args, "num_classes": len(classes)}
+    metadata = {
+        "format": "pt",
+        "architecture": arch,
+        "model_args": json.dumps(args),
+        "classes": json.dumps(classes),
+        "mean": json.dumps(list(mean)),
+        "std": json.dumps(list(std)),
+        "mae_version": mae.__version__,
+    }
+    if config is not None:
+        metadata["config"] = json.dumps(config)
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    return _save(tensors, Path(path), metadata)

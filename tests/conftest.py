@@ -41,3 +41,33 @@ def make_images(root, n=32, size=40, seed=0, nested=True, formats=("png", "jpg")
 def image_folder(tmp_path):
     make_images(tmp_path / "images")
     return tmp_path / "images"
+
+
+def make_labeled(root, per_class=24, size=32, seed=0):
+    """Class folders whose classes differ by content, not by a constant: random smooth textures whose
+    dominant hue (red, green or blue) is the class; shapes, brightness and noise are random in every image."""
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for label, name in enumerate(["red", "green", "blue"]):
+        folder = Path(root) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            coarse = rng.uniform(0, 120, (4, 4, 3))
+            coarse[..., label] += rng.uniform(60, 135, (4, 4))
+            img = np.asarray(Image.fromarray(coarse.astype("uint8")).resize((size, size), Image.BICUBIC), float)
+            img = img + rng.normal(0, 12, img.shape)
+            Image.fromarray(img.clip(0, 255).astype("uint8")).save(folder / f"{i:03d}.png")
+    return Path(root)
+
+
+def free_port() -> str:
+    """A TCP port nobody listens on, for a torchrun rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])

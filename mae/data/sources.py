@@ -76,10 +76,10 @@ def iter_image_files(root: str | os.PathLike) -> Iterator[str]:
 class FolderSource:
     """Every image below a folder, in sorted path order (labels, if any, are ignored)."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, paths: list[str] | None = None) -> None:
         self.root = Path(root)
         # A NumPy string array keeps 1M paths compact and cheap to send to worker processes.
-        self.paths = np.array(sorted(iter_image_files(self.root)))
+        self.paths = np.array(sorted(iter_image_files(self.root)) if paths is None else paths)
         if len(self.paths) == 0:
             exts = ", ".join(sorted(IMAGE_EXTENSIONS))
             raise DataError(f"--data.path {self.root}: no images found (looked recursively for {exts})")

@@ -29,6 +29,8 @@ class Task(Protocol):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]: ...
 
+    def after_step(self) -> None: ...
+
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any] | None: ...
 
 
@@ -148,10 +150,13 @@ def fit(
                             accelerator.clip_grad_norm_(task.model.parameters(), clip_grad)
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=True)
+                        task.after_step()
                         state.step += 1
                         bar.update(1)
                         if state.step % loop.log_every == 0 or state.step == schedule.total_steps:
                             record = window.flush(state, lr, steps_per_epoch)
+                            if len({g.get("lr_scale", 1.0) for g in optimizer.param_groups}) > 1:
+                                record["group_lrs"] = [g["lr"] for g in optimizer.param_groups]
                             metrics.write(record)
                             bar.set_postfix(
                                 loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{record['img_per_s']:.1f}"

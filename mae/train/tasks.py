@@ -9,6 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from mae.data.transforms import normalize
+from mae.train.features import topk_accuracy
 from mae.visualize import reconstruction_grid, save_grid
 
 
@@ -35,6 +36,9 @@ class PretrainTask:
         imgs = normalize(batch["image"], self.mean, self.std)
         return {"loss": self.model(imgs, noise=batch["noise"]).loss}
 
+    def after_step(self) -> None:
+        pass
+
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any] | None:
         if self.preview_batch is None or not self.accelerator.is_main_process:
             return None
@@ -49,3 +53,58 @@ class PretrainTask:
             if tracker.name == "tensorboard":
                 tracker.writer.add_image("reconstructions", grid, epoch)
         return {"eval": "preview", "loss": loss, "preview": f"previews/epoch_{epoch:04d}.png"}
+
+
+class ClassifierTask:
+    """Supervised training of `model` (a full ViT, a probe, or a head over cached features).
+
+    `mixup` (timm's `Mixup`) mixes inputs and targets; `criterion` takes the (soft) targets.
+    Evaluation: cross-entropy and top-1/top-5 over the whole validation set, gathered exactly
+    across processes.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        accelerator: Accelerator,
+        criterion: torch.nn.Module,
+        val_loader: torch.utils.data.DataLoader,
+        mixup: Any = None,
+        ema: torch.nn.Module | None = None,
+    ) -> None:
+        self.model = model
+        self.accelerator = accelerator
+        self.criterion = criterion
+        self.val_loader = val_loader
+        self.mixup = mixup
+        self.ema = ema
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        x, y = batch["image"], batch["label"]
+        if self.mixup is not None:
+            x, y = self.mixup(x, y)
+        return {"loss": self.criterion(self.model(x), y)}
+
+    def after_step(self) -> None:
+        if self.ema is not None:
+            self.ema.update(self.accelerator.unwrap_model(self.model))
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int, final: bool) -> dict[str, Any]:
+        model = self.ema.module if self.ema is not None else self.model
+        was_training = model.training
+        model.eval()
+        logits, labels = [], []
+        for batch in self.val_loader:
+            if batch["image"] is None:
+                continue
+            with self.accelerator.autocast():
+                out = model(batch["image"]).float()
+            out, y = self.accelerator.gather_for_metrics((out, batch["label"]))
+            logits.append(out.cpu())
+            labels.append(y.cpu())
+        model.train(was_training)
+        logits, labels = torch.cat(logits), torch.cat(labels)
+        loss = torch.nn.functional.cross_entropy(logits, labels).item()
+        return {"eval": "val", "loss": loss, **topk_accuracy(logits, labels), "samples": len(labels)}

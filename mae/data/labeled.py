@@ -1,0 +1,172 @@
+"""Labeled images for probing, fine-tuning and k-NN: class folders or `datasets` with a label column.
+
+A labeled source is an image source (`len`, `load(i)`, `name(i)`) with `labels` (int64 array)
+and `classes` (names, index = label).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mae.data.sources import DataError, FolderSource, HFSource, iter_image_files
+from mae.data.transforms import DECODE_ERRORS, sample_seed
+
+
+class LabeledFolder(FolderSource):
+    """`root/<class>/**/<image>`: one subfolder per class, sorted by name."""
+
+    def __init__(self, root: str | Path, option: str = "--data.path") -> None:
+        root = Path(root)
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if len(classes) < 2:
+            raise DataError(
+                f"{option} {root}: a labeled folder needs one subfolder per class, and at least two classes "
+                f"(found {len(classes)})"
+            )
+        paths, labels = [], []
+        for label, name in enumerate(classes):
+            files = sorted(iter_image_files(root / name))
+            if not files:
+                raise DataError(f"{option} {root}: class folder '{name}' has no images; remove it or add some")
+            paths += files
+            labels += [label] * len(files)
+        super().__init__(root, paths)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.classes = classes
+
+
+class LabeledHF(HFSource):
+    """A `datasets.Dataset` with an image column and an integer (ideally ClassLabel) label column."""
+
+    def __init__(self, dataset, image_column: str | None, label_column: str | None, label: str) -> None:
+        from datasets import ClassLabel
+
+        feats = dataset.features
+        if label_column is None:
+            found = [c for c, f in feats.items() if isinstance(f, ClassLabel)]
+            label_column = found[0] if found else ("label" if "label" in feats else None)
+        if label_column is None or label_column not in feats:
+            raise DataError(f"{label}: no label column (columns: {list(feats)}); set --data.label_column")
+        labels = np.asarray(dataset[label_column], dtype=np.int64)
+        feature = feats[label_column]
+        if isinstance(feature, ClassLabel):
+            classes = list(feature.names)
+        else:
+            classes = [str(i) for i in range(int(labels.max()) + 1)] if len(labels) else []
+        bad = np.flatnonzero((labels < 0) | (labels >= len(classes)))
+        if len(bad):
+            raise DataError(
+                f"{label}: label {labels[bad[0]]} of row {bad[0]} is outside [0, {len(classes)}) "
+                f"({len(bad)} such rows); fix the '{label_column}' column"
+            )
+        super().__init__(dataset, image_column, label)
+        self.labels, self.classes = labels, classes
+
+
+class Subset:
+    """Some rows of a labeled source (a held-out split), with the same interface."""
+
+    def __init__(self, source, indices: np.ndarray) -> None:
+        self.source, self.indices = source, np.asarray(indices)
+        self.labels, self.classes = source.labels[self.indices], source.classes
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def load(self, i: int):
+        return self.source.load(int(self.indices[i]))
+
+    def name(self, i: int) -> str:
+        return self.source.name(int(self.indices[i]))
+
+
+def open_labeled(path: str, image_column: str | None, label_column: str | None, option: str = "--data.path"):
+    if path.startswith("hf:"):
+        import datasets
+
+        name, _, split = path[3:].partition(":")
+        try:
+            ds = datasets.load_dataset(name, split=split or "train")
+        except Exception as e:  # noqa: BLE001 - hub and builder errors vary; the message is what matters
+            raise DataError(f"{option} {path}: could not load the dataset ({type(e).__name__}: {e})") from None
+        return LabeledHF(ds, image_column, label_column, path)
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"{option} {path}: no such folder (expected class subfolders or a saved `datasets` folder)")
+    if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists():
+        import datasets
+
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train" if "train" in ds else next(iter(ds))]
+        return LabeledHF(ds, image_column, label_column, path)
+    return LabeledFolder(p, option)
+
+
+def split(source, fraction: float, seed: int) -> tuple[Subset, Subset]:
+    """(train, held-out) with `fraction` of the rows held out, chosen by `seed`."""
+    order = np.random.default_rng(seed).permutation(len(source))
+    n_val = max(1, round(fraction * len(source)))
+    return Subset(source, np.sort(order[n_val:])), Subset(source, np.sort(order[:n_val]))
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Seed torch, `random` and NumPy (timm's augmentations use all three); restore them after."""
+    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+
+
+class LabeledSamples(torch.utils.data.Dataset):
+    """`dataset[(epoch, index)]` or `dataset[index]` -> {"image", "label", "index"}; None for a file that
+    cannot be decoded. With a `seed`, the transform's randomness comes from (seed, epoch, index)."""
+
+    def __init__(self, source, transform: Callable, seed: int | None = None) -> None:
+        self.source, self.transform, self.seed = source, transform, seed
+        self._warned: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict | None:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        try:
+            img = self.source.load(index)
+        except DECODE_ERRORS as e:
+            if index not in self._warned:
+                self._warned.add(index)
+                warnings.warn(f"skipping unreadable image {self.source.name(index)}: {e}", stacklevel=2)
+            return None
+        if self.seed is None:
+            x = self.transform(img)
+        else:
+            with seeded_rng(sample_seed(self.seed, epoch, index)):
+                x = self.transform(img)
+        return {"image": x, "label": int(self.source.labels[index]), "index": index}
+
+
+def collate_labeled(samples: list[dict | None]) -> dict:
+    good = [s for s in samples if s is not None]
+    if not good:
+        return {"image": None, "label": None, "index": None, "skipped": len(samples)}
+    return {
+        "image": torch.stack([s["image"] for s in good]),
+        "label": torch.tensor([s["label"] for s in good]),
+        "index": torch.tensor([s["index"] for s in good]),
+        "skipped": len(samples) - len(good),
+    }

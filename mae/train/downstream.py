@@ -1,0 +1,364 @@
+"""Downstream stages over the one loop: linear probe, fine-tuning, k-NN."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from timm.data import Mixup, create_transform
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import Lars, create_optimizer_v2
+
+from mae.config import ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
+from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
+from mae.data.samplers import EpochSampler
+from mae.export import build_classifier, encoder_source, save_classifier
+from mae.importers import CheckpointError
+from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
+from mae.train.features import extract_features, knn_scores, topk_accuracy
+from mae.train.metrics import MetricsWriter
+from mae.train.run import (
+    check_batch_fits,
+    check_output_dir,
+    effective_lr,
+    find_resume_checkpoint,
+    make_loader,
+    open_accelerator,
+    train,
+)
+from mae.train.tasks import ClassifierTask
+
+
+def validate(cfg: Any) -> None:
+    if not cfg.pretrained:
+        raise ConfigError(
+            "--pretrained: required: an encoder export, a pretraining output folder, a checkpoint "
+            "(any format load_pretrained reads), or random:PRESET for a random-init baseline"
+        )
+    if cfg.pretrained and not cfg.pretrained.startswith("random:") and not Path(cfg.pretrained).exists():
+        raise ConfigError(f"--pretrained {cfg.pretrained}: no such file or folder")
+    if not cfg.data.path:
+        raise ConfigError("--data.path: required: a folder with one subfolder per class, or a labeled dataset")
+    if not cfg.data.val_path and not 0 < cfg.data.val_fraction < 1:
+        raise ConfigError(f"--data.val_fraction {cfg.data.val_fraction}: must be in (0, 1) without --data.val_path")
+    for name, value in (("loop.epochs", cfg.loop.epochs), ("loop.batch_size", cfg.loop.batch_size)):
+        if value < 1:
+            raise ConfigError(f"--{name} {value}: must be >= 1")
+    if not 0 < cfg.data.crop_pct <= 1:
+        raise ConfigError(f"--data.crop_pct {cfg.data.crop_pct}: must be in (0, 1]")
+    check_output_dir(cfg)
+
+
+def load_source(cfg: Any) -> dict[str, Any]:
+    try:
+        return encoder_source(cfg.pretrained, cfg.model.img_size)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
+
+
+def labeled_splits(cfg: Any):
+    """(train, validation) labeled sources with the same classes."""
+    d = cfg.data
+    train_src = open_labeled(d.path, d.image_column, d.label_column)
+    if d.val_path:
+        val_src = open_labeled(d.val_path, d.image_column, d.label_column, option="--data.val_path")
+        if list(val_src.classes) != list(train_src.classes):
+            raise ConfigError(
+                f"--data.val_path {d.val_path}: its classes {val_src.classes[:5]}... differ from "
+                f"--data.path's {train_src.classes[:5]}..."
+            )
+        return train_src, val_src
+    return split(train_src, d.val_fraction, cfg.seed)
+
+
+def _input(cfg: Any, source: dict[str, Any]) -> tuple[tuple[int, int], tuple, tuple]:
+    size = cfg.model.img_size or source["args"]["img_size"]
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    mean = tuple(cfg.data.mean or source["mean"])
+    std = tuple(cfg.data.std or source["std"])
+    return size, mean, std
+
+
+def eval_transform(size: tuple[int, int], cfg: Any, mean: tuple, std: tuple):
+    return create_transform(
+        (3, *size), is_training=False, crop_pct=cfg.data.crop_pct, interpolation="bicubic", mean=mean, std=std
+    )
+
+
+def eval_loader(source, transform, cfg: Any):
+    return make_loader(
+        LabeledSamples(source, transform),
+        batch_size=cfg.loop.batch_size,
+        drop_last=False,
+        collate_fn=collate_labeled,
+        num_workers=cfg.data.num_workers,
+    )
+
+
+def _finish(accelerator, cfg, model, arch, args, classes, mean, std) -> Path:
+    out = Path(cfg.output_dir)
+    accelerator.wait_for_everyone()
+    path = out / "classifier.safetensors"
+    if accelerator.is_main_process:
+        (out / "classes.json").write_text(json.dumps(classes))
+        save_classifier(
+            model,
+            path,
+            arch=arch,
+            args=args,
+            classes=list(classes),
+            mean=list(mean),
+            std=list(std),
+            config=to_dict(cfg),
+        )
+        accelerator.print(f"done: classifier in {path}, metrics in {out / 'metrics.jsonl'}")
+    accelerator.end_training()
+    return out
+
+
+class FeatureSamples(torch.utils.data.Dataset):
+    """Cached features as a dataset keyed like the image ones ((epoch, index) or index)."""
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.features, self.labels = features, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict:
+        index = key[1] if isinstance(key, tuple) else key
+        return {"image": self.features[index], "label": int(self.labels[index]), "index": index}
+
+
+def _cached(accelerator, encoder, loader, cache: Path | None, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features of a loader, computed once (and kept on disk, memory-mapped, when `cache` is set)."""
+    if cache is not None and (cache / f"{name}_features.npy").exists():
+        feats = np.load(cache / f"{name}_features.npy", mmap_mode="r")
+        return torch.from_numpy(np.asarray(feats)), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
+    feats, labels = extract_features(encoder, accelerator.prepare_data_loader(loader), accelerator)
+    if cache is not None and accelerator.is_main_process:
+        cache.mkdir(parents=True, exist_ok=True)
+        np.save(cache / f"{name}_features.npy", feats.numpy())
+        np.save(cache / f"{name}_labels.npy", labels.numpy())
+    return feats, labels
+
+
+def probe_optimizer(head: torch.nn.Sequential, optim: Any, lr: float) -> torch.optim.Optimizer:
+    """The head's optimizer; biases are never decayed (nor, with LARS, adapted by the trust ratio)."""
+    fc = head[1]
+    if optim.optimizer == "lars":  # as the paper's LARS: the trust ratio applies to the weight matrix only
+        groups = [{"params": [fc.weight], "always_adapt": True}, {"params": [fc.bias], "weight_decay": 0.0}]
+        return Lars(groups, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    groups = [{"params": [fc.weight]}, {"params": [fc.bias], "weight_decay": 0.0}]
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=optim.weight_decay)
+
+
+def run_linprobe(cfg: LinprobeConfig) -> Path:
+    """Train BN + linear on frozen features; the encoder never changes (it stays in eval mode)."""
+    validate(cfg)
+    source = load_source(cfg)
+    train_src, val_src = labeled_splits(cfg)
+    classes = train_src.classes
+    size, mean, std = _input(cfg, source)
+    resume_from = find_resume_checkpoint(cfg)
+    accelerator = open_accelerator(cfg)
+    encoder, arch, args = build_classifier(
+        source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
+    )
+    encoder.requires_grad_(False).eval().to(accelerator.device)
+    head = probe_head(encoder.num_features, len(classes))
+    mode = cfg.mode if cfg.mode != "auto" else ("augmented" if cfg.augment else "cached")
+    if mode == "cached" and cfg.augment:
+        raise ConfigError("--mode cached: cached features cannot be augmented; use --mode augmented or --augment false")
+    eval_tf = eval_transform(size, cfg, mean, std)
+    if mode == "cached":
+        cache = Path(cfg.cache_dir) if cfg.cache_dir else None
+        train_feats = _cached(accelerator, encoder, eval_loader(train_src, eval_tf, cfg), cache, "train")
+        val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg), cache, "val")
+        train_ds, val_ds, model, workers = FeatureSamples(*train_feats), FeatureSamples(*val_feats), head, 0
+    else:
+        train_tf = (
+            create_transform(
+                (3, *size),
+                is_training=True,
+                scale=(0.08, 1.0),
+                hflip=0.5,
+                color_jitter=None,
+                auto_augment=None,
+                re_prob=0.0,
+                interpolation="bicubic",
+                mean=mean,
+                std=std,
+            )
+            if (cfg.augment)
+            else eval_tf
+        )
+        train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed)
+        val_ds, model, workers = LabeledSamples(val_src, eval_tf), LinearProbe(encoder, head), cfg.data.num_workers
+    check_batch_fits(len(train_ds), cfg, accelerator)
+    sampler = EpochSampler(len(train_ds), cfg.seed)
+    loader = make_loader(
+        train_ds, batch_size=cfg.loop.batch_size, sampler=sampler, collate_fn=collate_labeled, num_workers=workers
+    )
+    val_loader = make_loader(
+        val_ds, batch_size=cfg.loop.batch_size, drop_last=False, collate_fn=collate_labeled, num_workers=workers
+    )
+    lr, _ = effective_lr(cfg, accelerator)
+    optimizer = probe_optimizer(head, cfg.optim, lr)
+    model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
+    task = ClassifierTask(model, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val_loader)
+    what = f"linear probe ({mode}, pool {cfg.model.pool}) on {len(train_ds)} images, {len(classes)} classes"
+    train(
+        cfg,
+        task,
+        accelerator=accelerator,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        lr=lr,
+        what=what,
+        resume_from=resume_from,
+    )
+    classifier, arch, args = build_classifier(
+        source, len(classes), img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
+    )
+    classifier.head = fold_probe_head(accelerator.unwrap_model(model) if mode == "cached" else head)
+    return _finish(accelerator, cfg, classifier, arch, args, classes, mean, std)
+
+
+def run_finetune(cfg: FinetuneConfig) -> Path:
+    """Train the whole ViT with a fresh head: layer-wise lr decay, drop path, RandAugment, mixup/cutmix."""
+    validate(cfg)
+    source = load_source(cfg)
+    train_src, val_src = labeled_splits(cfg)
+    classes = train_src.classes
+    size, mean, std = _input(cfg, source)
+    resume_from = find_resume_checkpoint(cfg)
+    accelerator = open_accelerator(cfg)
+    model, arch, args = build_classifier(
+        source,
+        len(classes),
+        img_size=cfg.model.img_size,
+        global_pool=cfg.model.pool,
+        drop_path_rate=cfg.model.drop_path,
+    )
+    torch.nn.init.trunc_normal_(model.head.weight, std=2e-5)
+    a = cfg.aug
+    train_tf = create_transform(
+        (3, *size),
+        is_training=True,
+        scale=a.crop_scale,
+        hflip=0.5,
+        color_jitter=None,
+        auto_augment=a.auto_augment,
+        re_prob=a.reprob,
+        re_mode="pixel",
+        re_count=1,
+        interpolation="bicubic",
+        mean=mean,
+        std=std,
+    )
+    train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed)
+    check_batch_fits(len(train_ds), cfg, accelerator)
+    sampler = EpochSampler(len(train_ds), cfg.seed)
+    loader = make_loader(
+        train_ds,
+        batch_size=cfg.loop.batch_size,
+        sampler=sampler,
+        collate_fn=collate_labeled,
+        num_workers=cfg.data.num_workers,
+    )
+    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg)
+    mixup = None
+    if a.mixup > 0 or a.cutmix > 0:
+        mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=len(classes))
+        criterion = SoftTargetCrossEntropy()
+    elif a.smoothing > 0:
+        criterion = LabelSmoothingCrossEntropy(a.smoothing)
+    else:
+        criterion = torch.nn.CrossEntropyLoss()
+    lr, _ = effective_lr(cfg, accelerator)
+    optimizer = create_optimizer_v2(
+        model,
+        "adamw",
+        lr=lr,
+        weight_decay=cfg.optim.weight_decay,
+        layer_decay=cfg.optim.layer_decay,
+        betas=tuple(cfg.optim.betas),
+    )
+    model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
+    ema = None
+    if cfg.model.ema_decay:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.model.ema_decay)
+        accelerator.register_for_checkpointing(ema)
+    task = ClassifierTask(
+        model, accelerator=accelerator, criterion=criterion, val_loader=val_loader, mixup=mixup, ema=ema
+    )
+    what = f"fine-tuning {arch} on {len(train_ds)} images, {len(classes)} classes"
+    train(
+        cfg,
+        task,
+        accelerator=accelerator,
+        optimizer=optimizer,
+        loader=loader,
+        sampler=sampler,
+        lr=lr,
+        what=what,
+        resume_from=resume_from,
+    )
+    final = ema.module if ema is not None else accelerator.unwrap_model(model)
+    return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
+
+
+def run_knn(cfg: KnnConfig) -> dict[str, float]:
+    """Weighted k-NN on frozen features: the validation set votes among the training set."""
+    validate(cfg)
+    if cfg.k < 1 or cfg.temperature <= 0:
+        raise ConfigError(f"--k {cfg.k} / --temperature {cfg.temperature}: must be >= 1 and > 0")
+    source = load_source(cfg)
+    train_src, val_src = labeled_splits(cfg)
+    size, mean, std = _input(cfg, source)
+    accelerator = open_accelerator(cfg)
+    encoder, _, _ = build_classifier(source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False)
+    encoder.to(accelerator.device)
+    tf = eval_transform(size, cfg, mean, std)
+    bank, bank_labels = extract_features(
+        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg)), accelerator
+    )
+    query, labels = extract_features(
+        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg)), accelerator
+    )
+    scores = knn_scores(
+        bank, bank_labels, query, num_classes=len(train_src.classes), k=cfg.k, temperature=cfg.temperature
+    )
+    probs = scores / scores.sum(1, keepdim=True).clamp_min(1e-12)
+    nll = -probs.gather(1, labels[:, None]).clamp_min(1e-12).log().mean().item()
+    result = {
+        "step": 0,
+        "epoch": 0,
+        "eval": "knn",
+        "loss": nll,
+        **topk_accuracy(scores, labels),
+        "k": cfg.k,
+        "samples": len(labels),
+    }
+    out = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    MetricsWriter(accelerator, out).write(result)
+    accelerator.print(
+        f"k-NN (k={cfg.k}, T={cfg.temperature}): top1 {result['top1']:.2f}%"
+        + (f", top5 {result['top5']:.2f}%" if "top5" in result else "")
+        + f" on {len(labels)} images"
+    )
+    return result

@@ -1,0 +1,65 @@
+"""Frozen features and the weighted k-NN classifier (Wu et al. 2018; the DINO/MAE protocol)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
+
+
+@torch.no_grad()
+def extract_features(
+    encoder: nn.Module, loader: torch.utils.data.DataLoader, accelerator: Accelerator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N, D] float32, labels [N]) of every sample, gathered from all processes in order.
+
+    `encoder(images)` must return pooled features; it runs in eval mode under the run's autocast.
+    """
+    was_training = encoder.training
+    encoder.eval()
+    feats, labels = [], []
+    for batch in loader:
+        if batch["image"] is None:
+            continue
+        with accelerator.autocast():
+            f = encoder(batch["image"]).float()
+        f, y = accelerator.gather_for_metrics((f, batch["label"]))
+        feats.append(f.cpu())
+        labels.append(y.cpu())
+    encoder.train(was_training)
+    return torch.cat(feats), torch.cat(labels)
+
+
+def knn_scores(
+    train_feats: torch.Tensor,
+    train_labels: torch.Tensor,
+    query_feats: torch.Tensor,
+    *,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """Class scores [Q, C]: each query's k most cosine-similar training samples vote for their
+    class with weight exp(similarity / temperature)."""
+    bank = F.normalize(train_feats.float(), dim=1)
+    k = min(k, len(bank))
+    out = []
+    for start in range(0, len(query_feats), chunk):
+        q = F.normalize(query_feats[start : start + chunk].float(), dim=1)
+        sims, idx = (q @ bank.T).topk(k, dim=1)
+        weights = (sims / temperature).exp()
+        votes = torch.zeros(len(q), num_classes)
+        votes.scatter_add_(1, train_labels[idx], weights)
+        out.append(votes)
+    return torch.cat(out)
+
+
+def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """top1 (and top5 where there are at least 5 classes), in percent."""
+    result = {"top1": (scores.argmax(1) == labels).float().mean().item() * 100}
+    if scores.shape[1] >= 5:
+        top5 = scores.topk(5, dim=1).indices
+        result["top5"] = (top5 == labels[:, None]).any(1).float().mean().item() * 100
+    return result

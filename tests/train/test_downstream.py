@@ -1,0 +1,186 @@
+"""Linear probe, fine-tuning and k-NN on a generated labeled set, through the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+from accelerate.state import AcceleratorState
+from safetensors import safe_open
+from safetensors.torch import load_file
+from timm.models.vision_transformer import VisionTransformer
+
+import mae
+from mae.cli import main
+from mae.train.features import knn_scores, topk_accuracy
+from tests.conftest import free_port, make_labeled
+
+COMMON = ["--data.num_workers", "0", "--loop.progress", "false", "--loop.mixed_precision", "no",
+          "--data.val_fraction", "0.25", "--loop.batch_size", "16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def labeled(tmp_path_factory):
+    return make_labeled(tmp_path_factory.mktemp("labeled"), per_class=40)
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("enc") / "encoder.safetensors"
+    return mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), path)
+
+
+def run(stage, *args) -> int:
+    AcceleratorState._reset_state(True)
+    return main([stage, *COMMON, *map(str, args)])
+
+
+def evals(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+
+
+def classifier(path):
+    meta = safe_open(str(path), "pt").metadata()
+    model = timm.create_model(meta["architecture"], pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
+                              **json.loads(meta["model_args"]))  # fmt: skip
+    return model.eval(), meta
+
+
+@pytest.mark.parametrize("mode", ["cached", "augmented"])
+def test_linprobe_learns_and_never_touches_the_encoder(tmp_path, labeled, encoder, mode, monkeypatch):
+    calls = {"n": 0}
+    original = VisionTransformer.forward_features
+
+    def counting(self, x, *a, **k):
+        calls["n"] += 1
+        return original(self, x, *a, **k)
+
+    monkeypatch.setattr(VisionTransformer, "forward_features", counting)
+    out = tmp_path / mode
+    args = ["--pretrained", encoder, "--data.path", labeled, "--output_dir", out, "--loop.epochs", 8,
+            "--mode", mode, "--augment", str(mode == "augmented").lower(), "--optim.optimizer", "sgd",
+            "--optim.blr", 1.0, "--optim.warmup_epochs", 1, "--loop.eval_every", 4]  # fmt: skip
+    assert run("linprobe", *args) == 0
+    batches = 6 + 2  # one pass over 90 train + 30 val images in batches of 16
+    if mode == "cached":
+        assert calls["n"] == batches  # the encoder ran once over the data, never in the 8 epochs
+    else:
+        assert calls["n"] >= 8 * 5 + 2 * 2  # every epoch's batches and every evaluation
+    last = evals(out)[-1]
+    assert last["top1"] >= 80.0 and last["samples"] == 30  # chance is 33%
+    # The exported classifier: the encoder bit-identical to the pretrained one, the head folded.
+    model, meta = classifier(out / "classifier.safetensors")
+    before = load_file(encoder)
+    after = load_file(out / "classifier.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert json.loads(meta["classes"]) == ["blue", "green", "red"]
+    assert json.loads((out / "classes.json").read_text()) == ["blue", "green", "red"]
+
+
+def test_finetune_trains_everything_with_layer_decay(tmp_path, labeled, encoder):
+    out = tmp_path / "ft"
+    assert run("finetune", "--pretrained", encoder, "--data.path", labeled, "--output_dir", out, "--loop.epochs", 2,
+               "--loop.log_every", 1, "--optim.warmup_epochs", 0.5) == 0  # fmt: skip
+    before, after = load_file(encoder), load_file(out / "classifier.safetensors")
+    unchanged = [k for k in before if k in after and torch.equal(before[k], after[k])]
+    assert unchanged == []
+    assert {"head.weight", "fc_norm.weight"} <= set(after)
+    line = next(m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "group_lrs" in m)
+    depth = 3
+    expected = {round(line["lr"] * 0.75 ** (depth + 1 - layer), 12) for layer in range(depth + 2)}
+    assert {round(x, 12) for x in line["group_lrs"]} == expected
+    model, _ = classifier(out / "classifier.safetensors")
+    assert model.global_pool == "avg" and model.head.out_features == 3
+    assert evals(out)[-1]["top1"] > 50.0
+
+
+def test_knn_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    bank, bank_labels = torch.randn(200, 16, generator=g), torch.randint(0, 7, (200,), generator=g)
+    query, labels = torch.randn(30, 16, generator=g), torch.randint(0, 7, (30,), generator=g)
+    scores = knn_scores(bank, bank_labels, query, num_classes=7, k=10, temperature=0.07, chunk=7)
+    for i in range(30):
+        sims = [float(torch.dot(query[i], b) / (query[i].norm() * b.norm())) for b in bank]
+        nearest = sorted(range(200), key=lambda j: -sims[j])[:10]
+        votes = [0.0] * 7
+        for j in nearest:
+            votes[int(bank_labels[j])] += torch.tensor(sims[j] / 0.07).exp().item()
+        torch.testing.assert_close(scores[i], torch.tensor(votes), rtol=1e-4, atol=1e-4)
+    acc = topk_accuracy(scores, labels)
+    assert set(acc) == {"top1", "top5"}
+
+
+def test_knn_stage_and_random_baseline(tmp_path, labeled, encoder):
+    assert run("knn", "--pretrained", encoder, "--data.path", labeled, "--output_dir", tmp_path / "a") == 0
+    line = evals(tmp_path / "a")[0]
+    assert {"step", "epoch", "loss", "top1"} <= set(line) and line["top1"] >= 80 and line["samples"] == 30
+    assert run("knn", "--pretrained", "random:mae_vit_micro_patch8", "--data.path", labeled,
+               "--output_dir", tmp_path / "b") == 0  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_top1(tmp_path, labeled, encoder):
+    args = ["knn", *COMMON, "--pretrained", str(encoder), "--data.path", str(labeled), "--data.val_fraction", "0.3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+         "-m", "mae", *args, "--output_dir", str(tmp_path / "two")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[:3000]
+    AcceleratorState._reset_state(True)
+    assert main([*args, "--output_dir", str(tmp_path / "one")]) == 0
+    one, two = evals(tmp_path / "one")[0], evals(tmp_path / "two")[0]
+    assert one["samples"] == two["samples"] == 36  # 36 of 120: uneven over 2 processes x batch 16, counted exactly
+    assert one["top1"] == two["top1"]
+
+
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("single", "at least two classes (found 1)"),
+        ("empty", "class folder 'b' has no images"),
+        ("missing_pretrained", "--pretrained /no/such: no such file or folder"),
+        ("wrong_pretrained", "not a ViT MAE checkpoint"),
+        ("no_pretrained", "--pretrained: required"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, labeled, encoder, case, expected):
+    data, pretrained = labeled, str(encoder)
+    if case in ("single", "empty"):
+        data = tmp_path / "d"
+        make_labeled(tmp_path / "src", per_class=4)
+        (data / "a").mkdir(parents=True)
+        for f in (tmp_path / "src" / "red").iterdir():
+            (data / "a" / f.name).write_bytes(f.read_bytes())
+        if case == "empty":
+            (data / "b").mkdir()
+    if case == "missing_pretrained":
+        pretrained = "/no/such"
+    if case == "wrong_pretrained":
+        pretrained = str(tmp_path / "resnet.pth")
+        import torchvision
+
+        torch.save(torchvision.models.resnet18().state_dict(), pretrained)
+    args = ["--data.path", data, "--output_dir", tmp_path / "o"]
+    if case != "no_pretrained":
+        args += ["--pretrained", pretrained]
+    assert run("linprobe", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_labels_out_of_range_in_a_dataset(tmp_path, capsys):
+    import datasets
+    from PIL import Image
+
+    imgs = [Image.new("RGB", (8, 8), (i, 0, 0)) for i in range(6)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"image": imgs, "label": [0, 1, 2, 0, 1, -1]}, features=features)
+    ds.save_to_disk(str(tmp_path / "ds"))
+    assert run("knn", "--pretrained", "random:mae_vit_micro_patch8", "--data.path", tmp_path / "ds",
+               "--output_dir", tmp_path / "o") == 2  # fmt: skip
+    assert "label -1 of row 5 is outside [0, 3)" in capsys.readouterr().err
