@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
 
 from mae.config import DEMO_OVERRIDES, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, PretrainConfig
 from mae.data.sources import DataError
@@ -20,10 +20,14 @@ from mae.train.loop import TrainingError
 
 @dataclass(frozen=True)
 class VisualizeConfig:
-    checkpoint: str
-    """A pretraining output folder or checkpoint folder."""
     images: list[str]
-    """Image files to reconstruct."""
+    """Image files to show."""
+    checkpoint: str | None = None
+    """Reconstructions: a pretraining output folder, or any checkpoint `load_pretrained` reads."""
+    pretrained: str | None = None
+    """Attention maps (with --attention): an encoder export, an output folder, or any checkpoint."""
+    attention: bool = False
+    """Show the cls token's attention over the patches in the last block, per head and averaged."""
     output: str = "reconstructions.png"
     """Where the PNG grid goes."""
     mask_ratio: float | None = None
@@ -74,7 +78,10 @@ def build_parser(stage: str) -> ArgumentParser:
     # A list of files reads best as `--images a.jpg b.jpg`, which needs argparse's nargs.
     lists = {"images"} if stage == "visualize" else set()
     positional = {"source"} if stage == "convert" else set()
-    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists | positional)
+    flags = {"attention"} if stage == "visualize" else set()  # `--attention` alone reads best
+    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists | positional | flags)
+    for name in flags:
+        parser.add_argument(f"--{name}", action=ActionYesNo, default=False, help="Show attention maps.")
     for name in lists:
         parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help="Image files.")
     for name in positional:

@@ -93,11 +93,22 @@ class LoopConfig:
 
 
 @dataclass(frozen=True)
+class MonitorConfig:
+    knn_data: str | None = None
+    """A labeled set (class folders or a labeled dataset): k-NN top-1 of the encoder on it at every evaluation."""
+    knn_val_fraction: float = 0.2
+    """Part of --monitor.knn_data that queries the rest (seeded)."""
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+
+
+@dataclass(frozen=True)
 class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     output_dir: str = "outputs/pretrain"
     """Where config.yaml, metrics.jsonl, checkpoints, previews and encoder.safetensors go."""
     seed: int = 0

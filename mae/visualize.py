@@ -1,10 +1,13 @@
-"""Reconstruction previews: original | masked | reconstruction | reconstruction + visible patches."""
+"""Pictures of a model: reconstruction grids (original | masked | reconstruction | reconstruction +
+visible patches) and the cls token's attention maps."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
 from torchvision.utils import make_grid, save_image
 
 from mae.data.transforms import denormalize, normalize
@@ -52,3 +55,40 @@ def save_grid(grid: torch.Tensor, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_image(grid, path)
     return path
+
+
+@torch.no_grad()
+def cls_attention(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+    """The cls token's attention over the patches in the last block: [N, heads, gh, gw] (normalised
+    images in; each head's row over all tokens sums to 1, the prefix tokens' share is left out)."""
+    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(images))))
+    for blk in vit.blocks[:-1]:
+        x = blk(x)
+    blk = vit.blocks[-1]
+    attn = blk.attn
+    h = blk.norm1(x)
+    n, length, c = h.shape
+    qkv = attn.qkv(h).reshape(n, length, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)
+    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+    weights = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    gh, gw = vit.patch_embed.grid_size
+    return weights[:, :, 0, vit.num_prefix_tokens :].reshape(n, attn.num_heads, gh, gw)
+
+
+def attention_grid(
+    vit: VisionTransformer, images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], max_heads: int = 6
+) -> torch.Tensor:
+    """`images` uint8 [N, 3, H, W] -> a grid with a row per image: the image, the head-averaged cls
+    attention overlaid on it, then up to `max_heads` single heads."""
+    vit.eval()
+    x = normalize(images, mean, std)
+    maps = cls_attention(vit, x)
+    maps = torch.cat([maps.mean(1, keepdim=True), maps[:, :max_heads]], dim=1)  # [N, 1 + h, gh, gw]
+    maps = F.interpolate(maps, size=x.shape[-2:], mode="bilinear", align_corners=False)
+    lo, hi = maps.amin((2, 3), keepdim=True), maps.amax((2, 3), keepdim=True)
+    heat = ((maps - lo) / (hi - lo).clamp_min(1e-12)).unsqueeze(2)  # [N, 1 + h, 1, H, W]
+    colour = torch.cat([heat, heat**2, 0.2 * (1 - heat)], dim=2)  # dark blue -> red -> yellow
+    original = denormalize(x, mean, std)
+    overlay = 0.45 * original.unsqueeze(1) + 0.55 * colour
+    rows = torch.cat([original.unsqueeze(1), overlay], dim=1).flatten(0, 1)
+    return make_grid(rows.float().cpu(), nrow=maps.shape[1] + 1, padding=2, pad_value=1.0)

@@ -46,13 +46,15 @@ def knn_scores(
     bank = F.normalize(train_feats.float(), dim=1)
     k = min(k, len(bank))
     out = []
-    for start in range(0, len(query_feats), chunk):
-        q = F.normalize(query_feats[start : start + chunk].float(), dim=1)
-        sims, idx = (q @ bank.T).topk(k, dim=1)
-        weights = (sims / temperature).exp()
-        votes = torch.zeros(len(q), num_classes)
-        votes.scatter_add_(1, train_labels[idx], weights)
-        out.append(votes)
+    # Similarities in fp32 even inside a bf16 autocast region: neighbour ranks depend on small gaps.
+    with torch.autocast(bank.device.type, enabled=False):
+        for start in range(0, len(query_feats), chunk):
+            q = F.normalize(query_feats[start : start + chunk].float(), dim=1)
+            sims, idx = (q @ bank.T).topk(k, dim=1)
+            weights = (sims / temperature).exp()
+            votes = torch.zeros(len(q), num_classes)
+            votes.scatter_add_(1, train_labels[idx], weights)
+            out.append(votes)
     return torch.cat(out)
 
 
@@ -63,3 +65,37 @@ def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float
         top5 = scores.topk(5, dim=1).indices
         result["top5"] = (top5 == labels[:, None]).any(1).float().mean().item() * 100
     return result
+
+
+class KnnMonitor:
+    """k-NN top-1 of an encoder on a fixed labeled split, for watching pretraining (main process only).
+
+    `samples_bank` / `samples_query` yield {"image", "label"} batches on the CPU; the encoder's pooled
+    output (`encoder(images)`, the cls token for an MAE encoder) is the feature.
+    """
+
+    def __init__(self, bank_loader, query_loader, *, num_classes: int, k: int, temperature: float) -> None:
+        self.bank_loader, self.query_loader = bank_loader, query_loader
+        self.num_classes, self.k, self.temperature = num_classes, k, temperature
+
+    @torch.no_grad()
+    def __call__(self, encoder: nn.Module) -> dict[str, float]:
+        bank, bank_labels = self._features(encoder, self.bank_loader)
+        query, labels = self._features(encoder, self.query_loader)
+        scores = knn_scores(
+            bank, bank_labels, query, num_classes=self.num_classes, k=self.k, temperature=self.temperature
+        )
+        return topk_accuracy(scores, labels)
+
+    @staticmethod
+    def _features(encoder: nn.Module, loader) -> tuple[torch.Tensor, torch.Tensor]:
+        was_training = encoder.training
+        encoder.eval()
+        device = next(encoder.parameters()).device
+        feats, labels = [], []
+        for batch in loader:
+            if batch["image"] is not None:
+                feats.append(encoder(batch["image"].to(device)).float().cpu())
+                labels.append(batch["label"])
+        encoder.train(was_training)
+        return torch.cat(feats), torch.cat(labels)

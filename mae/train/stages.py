@@ -15,6 +15,7 @@ from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import save_encoder
 from mae.importers import load_pretrained
 from mae.models.registry import create_mae, preset_config, resolve_preset
+from mae.train.features import KnnMonitor
 from mae.train.run import (
     check_batch_fits,
     check_output_dir,
@@ -114,6 +115,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         std=cfg.data.std,
         preview_batch=preview if preview["image"] is not None else None,
         output_dir=output_dir,
+        knn_monitor=knn_monitor(cfg, accelerator.unwrap_model(model).img_size),
     )
     what = f"pretraining {cfg.model.name} on {len(samples)} images ({cfg.data.path or 'demo photos'})"
     train(
@@ -135,6 +137,31 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     return output_dir
 
 
+def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | None:
+    """The --monitor.knn_data set, split and loaded once, evaluated at the model's input size."""
+    m = cfg.monitor
+    if not m.knn_data:
+        return None
+    from timm.data import create_transform
+
+    from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
+
+    source = open_labeled(m.knn_data, None, None, option="--monitor.knn_data")
+    bank, query = split(source, m.knn_val_fraction, cfg.seed)
+    tf = create_transform(
+        (3, *img_size), is_training=False, crop_pct=1.0, interpolation="bicubic", mean=cfg.data.mean, std=cfg.data.std
+    )
+
+    def loader(src):
+        return torch.utils.data.DataLoader(
+            LabeledSamples(src, tf), batch_size=cfg.loop.batch_size, collate_fn=collate_labeled
+        )
+
+    return KnnMonitor(
+        loader(bank), loader(query), num_classes=len(source.classes), k=m.knn_k, temperature=m.knn_temperature
+    )
+
+
 def _preview_indices(source) -> list[int]:
     """Distinct images spread over the source (the demo repeats its photos; take each once)."""
     distinct = len(getattr(source, "images", [])) or len(source)
@@ -142,38 +169,60 @@ def _preview_indices(source) -> list[int]:
     return [round(i * (distinct - 1) / max(1, n - 1)) for i in range(n)] if n > 1 else [0]
 
 
-def run_visualize(cfg) -> Path:
-    """Reconstruct `cfg.images` with a pretrained model; writes one PNG grid."""
+def _read_images(files: list[str], size: tuple[int, int]) -> torch.Tensor:
+    """uint8 [N, 3, H, W]: each image resized (short side) and centre-cropped to `size`."""
     from PIL import Image
     from torchvision.transforms.v2 import functional as F
 
     from mae.data.sources import to_rgb
     from mae.data.transforms import DECODE_ERRORS
-    from mae.visualize import reconstruction_grid, save_grid
 
-    model = load_pretrained(cfg.checkpoint)
-    saved = (
-        yaml.safe_load((Path(cfg.checkpoint) / "config.yaml").read_text())
-        if (Path(cfg.checkpoint) / "config.yaml").exists()
-        else {}
-    )
-    data = saved.get("data", {})
-    mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
     images = []
-    for file in cfg.images:
+    for file in files:
         try:
             with Image.open(file) as img:
                 img = to_rgb(img)
         except (FileNotFoundError, *DECODE_ERRORS) as e:
             raise ConfigError(f"--images {file}: cannot read this image ({e})") from None
-        short = min(model.img_size)
-        img = F.center_crop(F.resize(img, short, interpolation=F.InterpolationMode.BICUBIC), list(model.img_size))
+        img = F.center_crop(F.resize(img, min(size), interpolation=F.InterpolationMode.BICUBIC), list(size))
         images.append(F.pil_to_tensor(img))
+    return torch.stack(images)
+
+
+def run_visualize(cfg) -> Path:
+    """Reconstructions (--checkpoint) or cls attention maps (--attention --pretrained); one PNG grid."""
+    from mae.importers import CheckpointError
+    from mae.visualize import attention_grid, reconstruction_grid, save_grid
+
+    if cfg.attention:
+        from mae.export import build_classifier, encoder_source
+
+        if not (cfg.pretrained or cfg.checkpoint):
+            raise ConfigError(
+                "--pretrained: required with --attention (an encoder export, output folder or checkpoint)"
+            )
+        try:
+            source = encoder_source(cfg.pretrained or cfg.checkpoint)
+        except (CheckpointError, FileNotFoundError) as e:
+            raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
+        vit, _, _ = build_classifier(source, 0)
+        size = tuple(source["args"]["img_size"])
+        grid = attention_grid(vit, _read_images(cfg.images, size), tuple(source["mean"]), tuple(source["std"]))
+        path = save_grid(grid, cfg.output)
+        print(f"wrote {path} (cls attention of the last block, {len(cfg.images)} images)")
+        return path
+    if not cfg.checkpoint:
+        raise ConfigError("--checkpoint: required (a pretraining output folder or a checkpoint with a decoder)")
+    model = load_pretrained(cfg.checkpoint)
+    config_file = Path(cfg.checkpoint) / "config.yaml"
+    data = yaml.safe_load(config_file.read_text()).get("data", {}) if config_file.exists() else {}
+    mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
+    images = _read_images(cfg.images, model.img_size)
     g = torch.Generator().manual_seed(cfg.seed)
     noise = torch.rand(len(images), model.num_patches, generator=g)
     if cfg.mask_ratio is not None:
         model.mask_ratio = cfg.mask_ratio
-    grid, loss = reconstruction_grid(model, torch.stack(images), noise, mean, std)
+    grid, loss = reconstruction_grid(model, images, noise, mean, std)
     path = save_grid(grid, cfg.output)
     print(f"wrote {path} ({len(images)} images, loss {loss:.4f})")
     return path

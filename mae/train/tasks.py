@@ -25,12 +25,14 @@ class PretrainTask:
         std: tuple[float, ...],
         preview_batch: dict[str, torch.Tensor] | None,
         output_dir: Path,
+        knn_monitor: Any = None,
     ) -> None:
         self.model = model
         self.accelerator = accelerator
         self.mean, self.std = mean, std
         self.preview_batch = preview_batch
         self.output_dir = output_dir
+        self.knn_monitor = knn_monitor
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         imgs = normalize(batch["image"], self.mean, self.std)
@@ -52,7 +54,11 @@ class PretrainTask:
         for tracker in self.accelerator.trackers:
             if tracker.name == "tensorboard":
                 tracker.writer.add_image("reconstructions", grid, epoch)
-        return {"eval": "preview", "loss": loss, "preview": f"previews/epoch_{epoch:04d}.png"}
+        result = {"eval": "preview", "loss": loss, "preview": f"previews/epoch_{epoch:04d}.png"}
+        if self.knn_monitor is not None:
+            with self.accelerator.autocast():
+                result.update({f"knn_{k}": v for k, v in self.knn_monitor(model.encoder).items()})
+        return result
 
 
 class ClassifierTask:

@@ -292,3 +292,15 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run(tmp_path, monkeypatch, c
     assert run(*args, "--output_dir", tmp_path / "b", "--loop.max_nonfinite_steps", 3) == 1
     err = capsys.readouterr().err
     assert "3 non-finite losses in a row" in err and "Traceback" not in err
+
+
+def test_knn_monitor_logs_top1_at_each_evaluation(tmp_path):
+    from tests.conftest import make_labeled
+
+    make_images(tmp_path / "imgs", n=16)
+    make_labeled(tmp_path / "lab", per_class=8)
+    assert run("--data.path", tmp_path / "imgs", "--loop.epochs", 2, "--loop.batch_size", 8, "--loop.eval_every", 1,
+               "--monitor.knn_data", tmp_path / "lab", "--output_dir", tmp_path / "run") == 0
+    lines = metrics(tmp_path / "run", eval_lines=True)
+    assert [m["epoch"] for m in lines] == [1, 2]
+    assert all(0 <= m["knn_top1"] <= 100 for m in lines)

@@ -1,0 +1,48 @@
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from mae.visualize import attention_grid, cls_attention, reconstruction_grid
+
+
+def test_cls_attention_is_the_last_blocks_softmax():
+    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=0).eval()
+    x = torch.randn(2, 3, 32, 32)
+    captured = {}
+    last = vit.blocks[-1].attn
+    last.fused_attn = False  # timm's explicit path passes the weights through attn_drop
+    last.attn_drop.register_forward_hook(lambda m, i, o: captured.setdefault("w", o))
+    vit.forward_features(x)
+    maps = cls_attention(vit, x)
+    assert maps.shape == (2, 3, 4, 4)
+    torch.testing.assert_close(maps.flatten(2), captured["w"][:, :, 0, 1:])
+    assert torch.all(maps.flatten(2).sum(-1) <= 1.0 + 1e-6)
+
+
+def test_attention_and_reconstruction_grids_have_the_documented_layout():
+    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3, num_classes=0)
+    imgs = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
+    grid = attention_grid(vit, imgs, (0.5,) * 3, (0.25,) * 3)
+    assert grid.shape == (3, 2 * 34 + 2, 5 * 34 + 2)  # image, mean, 3 heads; 2 rows; 2 px padding
+    assert 0 <= grid.min() and grid.max() <= 1
+
+    from mae.models import create_mae
+
+    from mae.data.transforms import normalize
+
+    model = create_mae("mae_vit_micro_patch8").eval()
+    noise = torch.rand(2, 16)
+    grid, loss = reconstruction_grid(model, imgs, noise, (0.5,) * 3, (0.25,) * 3)
+    assert grid.shape == (3, 2 * 34 + 2, 4 * 34 + 2) and loss > 0
+    mask = model(normalize(imgs, (0.5,) * 3, (0.25,) * 3), noise=noise).mask[0].reshape(4, 4)
+
+    def cell(col, r, c):  # patch (r, c) of image 0 in grid column `col`
+        y, x = 2 + 8 * r, 2 + 34 * col + 8 * c
+        return grid[:, y : y + 8, x : x + 8]
+
+    for r in range(4):
+        for c in range(4):
+            if mask[r, c] == 0:  # visible: column 3 pastes the original back
+                assert torch.equal(cell(3, r, c), cell(0, r, c))
+            else:  # masked: grey in column 1, the reconstruction in column 3
+                assert torch.allclose(cell(1, r, c), torch.full_like(cell(1, r, c), 0.5))
+                assert torch.equal(cell(3, r, c), cell(2, r, c))
