@@ -25,9 +25,8 @@ def test_attention_and_reconstruction_grids_have_the_documented_layout():
     assert grid.shape == (3, 2 * 34 + 2, 5 * 34 + 2)  # image, mean, 3 heads; 2 rows; 2 px padding
     assert 0 <= grid.min() and grid.max() <= 1
 
-    from mae.models import create_mae
-
     from mae.data.transforms import normalize
+    from mae.models import create_mae
 
     model = create_mae("mae_vit_micro_patch8").eval()
     noise = torch.rand(2, 16)
