@@ -90,6 +90,11 @@ class LoopConfig:
     """Accelerate tracker: auto (tensorboard when installed), none, tensorboard, wandb, ..."""
     progress: bool = True
     """Show a progress bar on the main process."""
+    attention: Literal["auto", "fused", "math"] = "auto"
+    """Attention kernel: fused (SDPA) or math (explicit matmuls); auto = math for bf16 on a CPU, where
+    measured faster (scripts/benchmark.py), else fused."""
+    compile: bool = False
+    """torch.compile the model (measured no faster on a 2-core CPU, with a minute of compile time)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import torch
 import yaml
 from timm.data import Mixup, create_transform
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import Lars, create_optimizer_v2
+from timm.optim import Lars
 
 from mae.config import ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
@@ -22,8 +22,10 @@ from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
 from mae.train.features import extract_features, knn_scores, topk_accuracy
 from mae.train.metrics import MetricsWriter
 from mae.train.run import (
+    adamw,
     check_batch_fits,
     check_output_dir,
+    configure_speed,
     effective_lr,
     find_resume_checkpoint,
     make_loader,
@@ -172,6 +174,7 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
         source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
     )
     encoder.requires_grad_(False).eval().to(accelerator.device)
+    configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     head = probe_head(encoder.num_features, len(classes))
     mode = cfg.mode if cfg.mode != "auto" else ("augmented" if cfg.augment else "cached")
     if mode == "cached" and cfg.augment:
@@ -284,14 +287,14 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     else:
         criterion = torch.nn.CrossEntropyLoss()
     lr, _ = effective_lr(cfg, accelerator)
-    optimizer = create_optimizer_v2(
+    optimizer = adamw(
         model,
-        "adamw",
         lr=lr,
         weight_decay=cfg.optim.weight_decay,
-        layer_decay=cfg.optim.layer_decay,
         betas=tuple(cfg.optim.betas),
+        layer_decay=cfg.optim.layer_decay,
     )
+    configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
     ema = None
     if cfg.model.ema_decay:
@@ -329,6 +332,7 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     accelerator = open_accelerator(cfg)
     encoder, _, _ = build_classifier(source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False)
     encoder.to(accelerator.device)
+    configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     tf = eval_transform(size, cfg, mean, std)
     bank, bank_labels = extract_features(
         encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg)), accelerator

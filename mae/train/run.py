@@ -182,3 +182,23 @@ def train(
         state=state,
         clip_grad=getattr(cfg.optim, "clip_grad", None),
     )
+
+
+def configure_speed(model: torch.nn.Module, device_type: str, precision: str, attention: str = "auto") -> None:
+    """Choose `model`'s attention kernel (before `prepare`); `precision` is "no", "bf16" or "fp16"."""
+    if attention == "auto":
+        attention = "math" if device_type == "cpu" and precision == "bf16" else "fused"
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):  # timm's Attention
+            module.fused_attn = attention == "fused"
+
+
+def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float], **kwargs: Any):
+    """timm's AdamW parameter groups (no decay on biases, norms, `no_weight_decay()`), with the fused
+    kernel where torch has it: one kernel per step instead of a dozen per parameter."""
+    from timm.optim import create_optimizer_v2
+
+    try:
+        return create_optimizer_v2(model, "adamw", lr=lr, weight_decay=weight_decay, betas=betas, fused=True, **kwargs)
+    except (RuntimeError, TypeError):  # a device or dtype without the fused kernel
+        return create_optimizer_v2(model, "adamw", lr=lr, weight_decay=weight_decay, betas=betas, **kwargs)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import torch
 import yaml
-from timm.optim import create_optimizer_v2
 
 from mae.config import ConfigError, PretrainConfig, to_dict
 from mae.data.samplers import EpochSampler
@@ -17,8 +16,10 @@ from mae.importers import load_pretrained
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.train.features import KnnMonitor
 from mae.train.run import (
+    adamw,
     check_batch_fits,
     check_output_dir,
+    configure_speed,
     effective_lr,
     find_resume_checkpoint,
     make_loader,
@@ -103,10 +104,11 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         num_workers=cfg.data.num_workers,
     )
     lr, _ = effective_lr(cfg, accelerator)
-    optimizer = create_optimizer_v2(
-        model, "adamw", lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
-    )
+    optimizer = adamw(model, lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
+    configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if cfg.loop.compile:
+        model = torch.compile(model)
     preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
     task = PretrainTask(
         model,

@@ -299,8 +299,23 @@ def test_knn_monitor_logs_top1_at_each_evaluation(tmp_path):
 
     make_images(tmp_path / "imgs", n=16)
     make_labeled(tmp_path / "lab", per_class=8)
-    assert run("--data.path", tmp_path / "imgs", "--loop.epochs", 2, "--loop.batch_size", 8, "--loop.eval_every", 1,
-               "--monitor.knn_data", tmp_path / "lab", "--output_dir", tmp_path / "run") == 0
+    assert (
+        run(
+            "--data.path",
+            tmp_path / "imgs",
+            "--loop.epochs",
+            2,
+            "--loop.batch_size",
+            8,
+            "--loop.eval_every",
+            1,
+            "--monitor.knn_data",
+            tmp_path / "lab",
+            "--output_dir",
+            tmp_path / "run",
+        )
+        == 0
+    )
     lines = metrics(tmp_path / "run", eval_lines=True)
     assert [m["epoch"] for m in lines] == [1, 2]
     assert all(0 <= m["knn_top1"] <= 100 for m in lines)
