@@ -26,6 +26,13 @@ class ModelConfig:
     """Input size: an int or [H, W]; a multiple of the patch size."""
     patch_size: int | None = None
     """Patch size; null keeps the preset's."""
+    embed_dim: int | None = None
+    """Encoder width; null keeps the preset's (likewise the five below)."""
+    depth: int | None = None
+    num_heads: int | None = None
+    decoder_embed_dim: int | None = None
+    decoder_depth: int | None = None
+    decoder_num_heads: int | None = None
     mask_ratio: float = 0.75
     """Fraction of patches removed per sample; 75% is the paper's optimum."""
     norm_pix_loss: bool = True

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from mae.cli import parse
+from mae.cli import STAGES, parse
 
 RECIPES = sorted((Path(__file__).parents[1] / "recipes").rglob("*.yaml"))
 
@@ -15,6 +15,7 @@ def test_there_are_recipes():
 def test_recipe_parses_and_has_a_header(recipe):
     text = recipe.read_text()
     assert text.startswith("#"), "a recipe is headed by its expected result and hardware"
-    stage = recipe.parent.name  # recipes/<stage>/<name>.yaml
+    # recipes/<stage>/<name>.yaml, or recipes/<dataset>/<stage>.yaml
+    stage = recipe.parent.name if recipe.parent.name in STAGES else recipe.stem
     cfg = parse(stage, ["--config", str(recipe), "--data.path", "somewhere"])
     assert cfg.data.path == "somewhere"

@@ -34,8 +34,10 @@ PREVIEW_IMAGES = 8
 def model_kwargs(cfg: PretrainConfig) -> dict:
     m = cfg.model
     kwargs = {"img_size": m.img_size, "mask_ratio": m.mask_ratio, "norm_pix_loss": m.norm_pix_loss}
-    if m.patch_size is not None:
-        kwargs["patch_size"] = m.patch_size
+    for name in ("patch_size", "embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
+                 "decoder_num_heads"):
+        if getattr(m, name) is not None:
+            kwargs[name] = getattr(m, name)
     return kwargs
 
 
@@ -50,6 +52,13 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
     patch = cfg.model.patch_size or preset_config(cfg.model.name)["patch_size"]
     if patch < 1 or any(s < 1 or s % patch for s in hw):
         raise ConfigError(f"--model.img_size {size}: must be a positive multiple of the patch size {patch}")
+    arch = {**preset_config(cfg.model.name), **model_kwargs(cfg)}
+    for width, heads in (("embed_dim", "num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
+        if arch[width] % 4 or arch[heads] < 1 or arch[width] % arch[heads]:
+            raise ConfigError(
+                f"--model.{width} {arch[width]} / --model.{heads} {arch[heads]}: the width must be a multiple of 4 "
+                "and of the head count"
+            )
     checks = [
         ("model.mask_ratio", cfg.model.mask_ratio, 0.0 <= cfg.model.mask_ratio < 1.0, "in [0, 1)"),
         ("loop.epochs", cfg.loop.epochs, cfg.loop.epochs >= 1, ">= 1"),

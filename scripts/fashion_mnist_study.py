@@ -1,0 +1,247 @@
+"""The Fashion-MNIST study: MAE pretraining on 2 CPU cores, then linear probe, k-NN and fine-tuning on the
+10,000 test images, beside baselines under the same protocol and budget:
+
+- logistic regression on raw pixels;
+- the same encoder randomly initialised (linear probe, k-NN);
+- the same ViT trained from scratch with the fine-tuning recipe.
+
+Every stage is the public `mae` command with a recipe from recipes/fashion_mnist/; nothing is selected on
+the test split (fixed epochs, the last evaluation is reported). Writes OUT/results.json, OUT/results.md,
+OUT/reconstructions.png and OUT/pretrain_loss.png.
+
+    python scripts/fashion_mnist_study.py --out runs/fashion_mnist --seeds 0 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+import mae
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "fashion_mnist"
+
+
+def sh(cmd: list[str], log: Path) -> float:
+    """Run a command, its output to `log`; returns the wall-clock seconds; stops the study on failure.
+    A stage that already finished (its `.seconds` file beside the log) is not run again."""
+    done = log.with_suffix(".seconds")
+    if done.exists():
+        return float(done.read_text())
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        sys.exit(f"study: `{' '.join(cmd)}` failed (exit {proc.returncode}); see {log}")
+    seconds = time.perf_counter() - start
+    done.write_text(str(seconds))
+    return seconds
+
+
+def last_eval(out: Path) -> dict:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if "top1" in m][-1]
+
+
+def logistic_regression(data: Path, seed: int, epochs: int = 30) -> tuple[float, float]:
+    """Multinomial logistic regression on standardised raw pixels (full-batch L-BFGS); (test top-1, seconds)."""
+    import datasets
+    import numpy as np
+
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+
+    def load(split):
+        ds = datasets.load_from_disk(str(data / split)).with_format("numpy")
+        x = torch.from_numpy(np.stack(ds["image"]).reshape(len(ds), -1).astype("float32") / 255)
+        return x, torch.from_numpy(ds["label"].astype("int64"))
+
+    (xtr, ytr), (xte, yte) = load("train"), load("test")
+    mean, std = xtr.mean(0), xtr.std(0) + 1e-3
+    xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    linear = torch.nn.Linear(xtr.shape[1], 10)
+    opt = torch.optim.LBFGS(linear.parameters(), lr=1, max_iter=20, history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(linear(xtr), ytr) + 1e-4 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(epochs):
+        opt.step(closure)
+    with torch.no_grad():
+        top1 = (linear(xte).argmax(1) == yte).float().mean().item() * 100
+    return top1, time.perf_counter() - start
+
+
+def random_encoder(path: Path, seed: int) -> Path:
+    """The pretraining recipe's architecture, randomly initialised (the official init), as an export."""
+    model_cfg = yaml.safe_load((RECIPES / "pretrain.yaml").read_text())["model"]
+    torch.manual_seed(seed)
+    name = model_cfg.pop("name")
+    return mae.export_encoder(mae.create_mae(name, **model_cfg), path)
+
+
+def loss_curve(metrics: Path, png: Path) -> None:
+    """The pretraining loss per logged step, drawn with PIL (no plotting library needed)."""
+    from PIL import Image, ImageDraw
+
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    pts = [(m["step"], m["loss"]) for m in rows if "eval" not in m and m.get("loss") is not None]
+    w, h, pad = 640, 360, 48
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    lo, hi = min(ys), max(ys)
+
+    def xy(s, v):
+        return pad + (s - xs[0]) / max(1, xs[-1] - xs[0]) * (w - 2 * pad), h - pad - (v - lo) / (hi - lo) * (
+            h - 2 * pad
+        )
+
+    d.line([xy(s, v) for s, v in pts], fill=(200, 40, 40), width=2)
+    d.rectangle([pad, pad, w - pad, h - pad], outline="black")
+    d.text((pad, 10), f"MAE pretraining loss (norm-pix MSE on masked patches), {xs[-1]} steps", fill="black")
+    d.text((5, pad - 6), f"{hi:.3f}", fill="black")
+    d.text((5, h - pad - 6), f"{lo:.3f}", fill="black")
+    d.text((w - pad - 40, h - pad + 8), f"step {xs[-1]}", fill="black")
+    img.save(png)
+
+
+def test_images(data: Path, folder: Path, n: int = 8) -> list[str]:
+    import datasets
+
+    ds = datasets.load_from_disk(str(data / "test"))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        p = folder / f"test_{i}.png"
+        ds[i * 997]["image"].save(p)
+        paths.append(str(p))
+    return paths
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict:
+    out, data = Path(args.out) / f"seed{seed}", Path(args.data)
+    mae_cmd = [sys.executable, "-m", "mae"]
+    common = ["--seed", str(seed), "--loop.progress", "false"]
+    probe_data = ["--data.path", str(data / "train"), "--data.val_path", str(data / "test")]
+    r: dict = {"seed": seed, "seconds": {}}
+    t = r["seconds"]
+    t["pretrain"] = sh(
+        [
+            *mae_cmd,
+            "pretrain",
+            "--config",
+            str(RECIPES / "pretrain.yaml"),
+            "--data.path",
+            str(data / "train"),
+            "--output_dir",
+            str(out / "pretrain"),
+            *common,
+        ],
+        out / "pretrain.log",
+    )
+    rand = random_encoder(out / "random_encoder.safetensors", seed)
+    for name, pretrained in (("mae", out / "pretrain"), ("random", rand)):
+        for stage in ("linprobe", "knn", "finetune"):
+            if stage == "finetune" and name == "random" and args.skip_scratch:
+                continue
+            key = f"{stage}_{name}"
+            t[key] = sh(
+                [
+                    *mae_cmd,
+                    stage,
+                    "--config",
+                    str(RECIPES / f"{stage}.yaml"),
+                    "--pretrained",
+                    str(pretrained),
+                    *probe_data,
+                    "--output_dir",
+                    str(out / key),
+                    *common,
+                ],
+                out / f"{key}.log",
+            )
+            r[key] = round(last_eval(out / key)["top1"], 2)
+    r["logreg_pixels"], t["logreg_pixels"] = logistic_regression(data, seed)
+    r["logreg_pixels"] = round(r["logreg_pixels"], 2)
+    if seed == args.seeds[0]:
+        sh(
+            [
+                *mae_cmd,
+                "visualize",
+                "--checkpoint",
+                str(out / "pretrain"),
+                "--images",
+                *test_images(data, out / "test_images"),
+                "--output",
+                str(Path(args.out) / "reconstructions.png"),
+            ],
+            out / "visualize.log",
+        )
+        loss_curve(out / "pretrain" / "metrics.jsonl", Path(args.out) / "pretrain_loss.png")
+    (out / "result.json").write_text(json.dumps(r, indent=2))
+    return r
+
+
+def table(results: list[dict], machine: str) -> str:
+    rows = [
+        ("MAE encoder, linear probe", "linprobe_mae"),
+        ("MAE encoder, k-NN (k=20)", "knn_mae"),
+        ("MAE encoder, fine-tune", "finetune_mae"),
+        ("random-init encoder, linear probe", "linprobe_random"),
+        ("random-init encoder, k-NN (k=20)", "knn_random"),
+        ("same ViT from scratch, fine-tune", "finetune_random"),
+        ("logistic regression, raw pixels", "logreg_pixels"),
+    ]
+    seeds = [r["seed"] for r in results]
+    lines = [
+        f"Fashion-MNIST test top-1 (%), 10,000 images; seeds {seeds}; {machine}",
+        "",
+        "| model | " + " | ".join(f"seed {s}" for s in seeds) + f" | wall-clock (seed {seeds[0]}) |",
+        "|---|" + "---|" * len(seeds) + "---|",
+    ]
+    for label, key in rows:
+        if all(key in r for r in results):
+            secs = results[0]["seconds"].get(key)
+            clock = f" {secs / 60:.1f} min |" if secs else " |"
+            lines.append(f"| {label} | " + " | ".join(f"{r[key]:.2f}" for r in results) + " |" + clock)
+    pretrain = results[0]["seconds"]["pretrain"] / 60
+    lines.append("| (MAE pretraining, no labels) | " + " | ".join("" for _ in seeds) + f" | {pretrain:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/fashion_mnist", help="output of scripts/prepare_fashion_mnist.py")
+    parser.add_argument("--out", default="runs/fashion_mnist")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--skip_scratch", action="store_true", help="leave out the from-scratch fine-tune baseline")
+    args = parser.parse_args()
+    if not (Path(args.data) / "train").exists():
+        sh(
+            [sys.executable, str(Path(__file__).parent / "prepare_fashion_mnist.py"), "--output", args.data],
+            Path(args.out) / "prepare.log",
+        )
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    results = [run_seed(args, seed) for seed in args.seeds]
+    out = Path(args.out)
+    (out / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    (out / "results.md").write_text(table(results, machine))
+    print(table(results, machine))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Fashion-MNIST as inputs for `mae`: two `datasets` folders (train 60,000 / test 10,000) with an
+`image` column and a `label` ClassLabel column.
+
+Source: Debian's `dataset-fashion-mnist` (`apt-get install dataset-fashion-mnist`, gzipped IDX files
+in /usr/share/datasets/fashion-mnist/, MIT) or, with internet, the Hugging Face dataset
+`zalando-datasets/fashion_mnist`. Pretraining reads only the image column; labels are for evaluation.
+
+    python scripts/prepare_fashion_mnist.py --output data/fashion_mnist
+    mae pretrain --config recipes/fashion_mnist/pretrain.yaml --data.path data/fashion_mnist/train
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DEBIAN = Path("/usr/share/datasets/fashion-mnist")
+CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzipped): big-endian header of dims, then uint8 data."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def from_debian(folder: Path):
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    splits = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
+        labels = read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
+        splits[split] = datasets.Dataset.from_dict({"image": list(images), "label": labels.tolist()}, features=features)
+    return splits
+
+
+def from_hub():
+    import datasets
+
+    ds = datasets.load_dataset("zalando-datasets/fashion_mnist")
+    return {"train": ds["train"], "test": ds["test"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default="data/fashion_mnist", help="folder for train/ and test/")
+    parser.add_argument("--source", default=str(DEBIAN), help="folder of the IDX .gz files, or 'hub'")
+    args = parser.parse_args()
+    out = Path(args.output)
+    if args.source == "hub":
+        splits = from_hub()
+    elif (Path(args.source) / "train-images-idx3-ubyte.gz").exists():
+        splits = from_debian(Path(args.source))
+    else:
+        print(f"prepare_fashion_mnist: {args.source} has no IDX files; `apt-get install dataset-fashion-mnist` "
+              "or pass --source hub", file=sys.stderr)  # fmt: skip
+        return 2
+    for name, ds in splits.items():
+        ds.save_to_disk(str(out / name))
+        print(f"{out / name}: {len(ds)} images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
