@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 
 from mae.data.sources import DataError, FolderSource, HFSource, iter_image_files
-from mae.data.transforms import DECODE_ERRORS, sample_seed
+from mae.data.transforms import load_image, sample_seed, split_bad
 
 
 class LabeledFolder(FolderSource):
@@ -133,25 +132,20 @@ def seeded_rng(seed: int) -> Iterator[None]:
 
 
 class LabeledSamples(torch.utils.data.Dataset):
-    """`dataset[(epoch, index)]` or `dataset[index]` -> {"image", "label", "index"}; None for a file that
-    cannot be decoded. With a `seed`, the transform's randomness comes from (seed, epoch, index)."""
+    """`dataset[(epoch, index)]` or `dataset[index]` -> {"image", "label", "index"}, or {"bad": (name, reason)}
+    for a file that cannot be decoded. With a `seed`, the transform's randomness comes from (seed, epoch, index)."""
 
     def __init__(self, source, transform: Callable, seed: int | None = None) -> None:
         self.source, self.transform, self.seed = source, transform, seed
-        self._warned: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict | None:
+    def __getitem__(self, key: int | tuple[int, int]) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        try:
-            img = self.source.load(index)
-        except DECODE_ERRORS as e:
-            if index not in self._warned:
-                self._warned.add(index)
-                warnings.warn(f"skipping unreadable image {self.source.name(index)}: {e}", stacklevel=2)
-            return None
+        img, bad = load_image(self.source, index)
+        if bad is not None:
+            return bad
         if self.seed is None:
             x = self.transform(img)
         else:
@@ -160,13 +154,13 @@ class LabeledSamples(torch.utils.data.Dataset):
         return {"image": x, "label": int(self.source.labels[index]), "index": index}
 
 
-def collate_labeled(samples: list[dict | None]) -> dict:
-    good = [s for s in samples if s is not None]
+def collate_labeled(samples: list[dict]) -> dict:
+    good, bad = split_bad(samples)
     if not good:
-        return {"image": None, "label": None, "index": None, "skipped": len(samples)}
+        return {"image": None, "label": None, "index": None, "bad": bad}
     return {
         "image": torch.stack([s["image"] for s in good]),
         "label": torch.tensor([s["label"] for s in good]),
         "index": torch.tensor([s["index"] for s in good]),
-        "skipped": len(samples) - len(good),
+        "bad": bad,
     }

@@ -7,8 +7,6 @@ was resumed.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 from PIL import Image
@@ -24,9 +22,24 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> 1)
 
 
+def load_image(source, index: int):
+    """(PIL image, None), or (None, {"bad": (name, reason)}) when the file cannot be decoded. Reporting
+    travels with the batch so the training process warns once per file, whatever the workers."""
+    try:
+        return source.load(index), None
+    except DECODE_ERRORS as e:
+        reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        return None, {"bad": (source.name(index), reason)}
+
+
+def split_bad(samples: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """(the good samples, [(name, reason)] of the files that failed)."""
+    return [s for s in samples if "bad" not in s], [s["bad"] for s in samples if "bad" in s]
+
+
 class PretrainSamples(torch.utils.data.Dataset):
-    """`dataset[(epoch, index)]` -> {"image": uint8 [3, H, W], "noise": [L], "index": int}, or None
-    (with one warning) when the file cannot be decoded."""
+    """`dataset[(epoch, index)]` -> {"image": uint8 [3, H, W], "noise": [L], "index": int}, or
+    {"bad": (name, reason)} when the file cannot be decoded."""
 
     def __init__(
         self,
@@ -44,20 +57,15 @@ class PretrainSamples(torch.utils.data.Dataset):
         self.seed = seed
         self.crop_scale = crop_scale
         self.hflip = hflip
-        self._warned: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: tuple[int, int]) -> dict | None:
+    def __getitem__(self, key: tuple[int, int]) -> dict:
         epoch, index = key
-        try:
-            img = self.source.load(index)
-        except DECODE_ERRORS as e:
-            if index not in self._warned:
-                self._warned.add(index)
-                warnings.warn(f"skipping unreadable image {self.source.name(index)}: {e}", stacklevel=2)
-            return None
+        img, bad = load_image(self.source, index)
+        if bad is not None:
+            return bad
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(sample_seed(self.seed, epoch, index))
             top, left, h, w = RandomResizedCrop.get_params(img, scale=list(self.crop_scale), ratio=[3 / 4, 4 / 3])
@@ -69,16 +77,16 @@ class PretrainSamples(torch.utils.data.Dataset):
         return {"image": F.pil_to_tensor(img), "noise": noise, "index": index}
 
 
-def collate_samples(samples: list[dict | None]) -> dict:
-    """Stack the good samples; `skipped` counts the ones that failed to decode."""
-    good = [s for s in samples if s is not None]
+def collate_samples(samples: list[dict]) -> dict:
+    """Stack the good samples; `bad` lists the files that failed to decode."""
+    good, bad = split_bad(samples)
     if not good:
-        return {"image": None, "noise": None, "index": None, "skipped": len(samples)}
+        return {"image": None, "noise": None, "index": None, "bad": bad}
     return {
         "image": torch.stack([s["image"] for s in good]),
         "noise": torch.stack([s["noise"] for s in good]),
         "index": torch.tensor([s["index"] for s in good]),
-        "skipped": len(samples) - len(good),
+        "bad": bad,
     }
 
 

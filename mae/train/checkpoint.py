@@ -45,12 +45,17 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / "loop_state.json").write_text(json.dumps(loop_state))
+            (tmp / "config.yaml").write_text(config_yaml)
+            _fsync_tree(tmp)
+    except OSError:  # e.g. the disk filled up: drop the partial folder, keep every complete checkpoint
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if accelerator.is_main_process:
-        (tmp / "loop_state.json").write_text(json.dumps(loop_state))
-        (tmp / "config.yaml").write_text(config_yaml)
-        _fsync_tree(tmp)
         if final.exists():  # same step saved twice (e.g. a stop right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -72,3 +77,17 @@ def _fsync_tree(folder: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def checkpoint_bytes(model, optimizer) -> int:
+    """What one checkpoint of this model and optimizer takes on disk (weights + optimizer state)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    state = sum(
+        t.numel() * t.element_size()
+        for s in optimizer.state_dict()["state"].values()
+        for t in s.values()
+        if hasattr(t, "numel")
+    )
+    # Adam's moments are created on the first step: count them as two copies of the weights until then.
+    return params + buffers + max(state, 2 * params)

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 
+from mae.train.metrics import report_bad_files
+
 
 @torch.no_grad()
 def extract_features(
@@ -18,8 +20,9 @@ def extract_features(
     """
     was_training = encoder.training
     encoder.eval()
-    feats, labels = [], []
+    feats, labels, bad = [], [], []
     for batch in loader:
+        bad.extend(batch.get("bad", []))
         if batch["image"] is None:
             continue
         with accelerator.autocast():
@@ -28,6 +31,7 @@ def extract_features(
         feats.append(f.cpu())
         labels.append(y.cpu())
     encoder.train(was_training)
+    report_bad_files(accelerator, bad, [])
     return torch.cat(feats), torch.cat(labels)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from mae.config import LoopConfig
 from mae.train.checkpoint import save_checkpoint
-from mae.train.metrics import MetricsWriter
+from mae.train.metrics import MetricsWriter, report_bad_files
 from mae.train.schedule import apply_lr, lr_at
 
 
@@ -46,7 +46,7 @@ class LoopState:
     epoch: int = 0  # the epoch in progress
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     nonfinite_steps: int = 0  # micro-steps skipped for a non-finite loss, in total
-    skipped_files: int = 0  # samples that failed to decode, in total (as of the last log line)
+    bad_files: list[str] = field(default_factory=list)  # files that failed to decode (as of the last log line)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,13 @@ def fit(
     nonfinite_run = 0
 
     def checkpoint() -> None:
-        save_checkpoint(accelerator, output_dir, state.step, asdict(state), config_yaml, loop.keep_checkpoints)
+        try:
+            save_checkpoint(accelerator, output_dir, state.step, asdict(state), config_yaml, loop.keep_checkpoints)
+        except OSError as e:
+            raise TrainingError(
+                f"could not save a checkpoint in {output_dir / 'checkpoints'} ({e.strerror or e}); the earlier "
+                "checkpoints there are complete: free some space, then run the same command to resume"
+            ) from None
 
     with _StopRequest() as stop:
         while state.epoch < loop.epochs:
@@ -121,7 +127,7 @@ def fit(
             sampler.set_epoch(state.epoch)
             for batch in batches:
                 state.batch_in_epoch += 1
-                window.skipped += batch.get("skipped", 0)
+                window.bad.extend(batch.get("bad", []))
                 with accelerator.accumulate(task.model):
                     loss = task.forward(batch)["loss"] if batch.get("image", 0) is not None else None
                     if loss is not None and _all_finite(accelerator, loss):
@@ -192,7 +198,7 @@ class _Window:
         self.loss_sum = torch.zeros((), device=accelerator.device)
         self.count = 0
         self.images = 0
-        self.skipped = 0  # samples that failed to decode on this process since the last flush
+        self.bad: list[tuple[str, str]] = []  # (file, reason) met on this process since the last flush
         self.start = time.perf_counter()
 
     def add(self, loss: torch.Tensor, images: int) -> None:
@@ -204,7 +210,7 @@ class _Window:
         acc = self.accelerator
         loss = acc.reduce(self.loss_sum / max(1, self.count), "mean").item() if self.count else float("nan")
         images = _total(acc, self.images)
-        state.skipped_files += _total(acc, self.skipped)
+        report_bad_files(acc, self.bad, state.bad_files)
         elapsed = time.perf_counter() - self.start
         record = {
             "step": state.step,
@@ -213,10 +219,11 @@ class _Window:
             "lr": lr,
             "img_per_s": images / elapsed if elapsed > 0 else 0.0,
             "nonfinite_steps": state.nonfinite_steps,
-            "skipped_files": state.skipped_files,
+            "skipped_files": len(state.bad_files),
         }
         self.loss_sum.zero_()
-        self.count = self.images = self.skipped = 0
+        self.count = self.images = 0
+        self.bad = []
         self.start = time.perf_counter()
         return record
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,19 @@ class MetricsWriter:
             return
         kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
+
+
+def report_bad_files(accelerator: Accelerator, pending: list[tuple[str, str]], seen: list[str]) -> None:
+    """Warn once per file that failed to decode (on the main process, whatever process or worker met
+    it) and add it to `seen`; every process calls this together."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        pending = gather_object(pending)
+    known = set(seen)
+    for name, reason in pending:
+        if name not in known:
+            known.add(name)
+            seen.append(name)
+            if accelerator.is_main_process:
+                warnings.warn(f"skipping unreadable image {name}: {reason}", stacklevel=2)

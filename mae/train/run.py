@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from mae.config import ConfigError, flatten, to_dict
-from mae.train.checkpoint import list_checkpoints, load_loop_state
+from mae.train.checkpoint import checkpoint_bytes, list_checkpoints, load_loop_state
 from mae.train.loop import LoopState, Schedule, fit
 from mae.train.metrics import MetricsWriter
 
@@ -49,10 +49,17 @@ def _multi_process_cpu() -> bool:
 
 
 def check_output_dir(cfg: Any) -> None:
+    """The output folder can be created and written (tried, not guessed from permission bits)."""
     out = Path(cfg.output_dir)
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise ConfigError(f"--output_dir {cfg.output_dir}: not writable; choose a folder you can write to")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"--output_dir {cfg.output_dir}: cannot write there ({e.strerror or e}); choose a folder you can write to"
+        ) from None
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
         raise ConfigError(f"--resume {cfg.resume}: no such checkpoint; use auto, never or a checkpoint folder")
 
@@ -76,6 +83,20 @@ def find_resume_checkpoint(cfg: Any) -> Path | None:
             "restore those options, or pass --resume never (or a new --output_dir) to start over"
         )
     return ckpt
+
+
+def check_disk_space(output_dir: Path, model: torch.nn.Module, optimizer: Any, keep: int) -> None:
+    """Refuse to start when the kept checkpoints, plus the one being written, cannot fit."""
+    import shutil
+
+    need = checkpoint_bytes(model, optimizer) * (keep + 1)
+    free = shutil.disk_usage(output_dir).free
+    if free < need:
+        raise ConfigError(
+            f"--output_dir {output_dir}: {free / 2**30:.2f} GiB free, but {keep} checkpoints plus the one being "
+            f"written need {need / 2**30:.2f} GiB; free some space, lower --loop.keep_checkpoints, "
+            "or pick another folder"
+        )
 
 
 def open_accelerator(cfg: Any) -> Accelerator:
@@ -109,7 +130,17 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,  # the epoch travels with each index, not the dataset
+        worker_init_fn=_ignore_stop_signals,
     )
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Workers leave SIGTERM/SIGINT to the training process: a scheduler that signals the whole process
+    group must get a checkpoint and a clean exit, not a crash from a dead worker."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def check_batch_fits(n: int, cfg: Any, accelerator: Accelerator) -> None:
@@ -149,6 +180,7 @@ def train(
         total_steps=cfg.loop.epochs * steps_per_epoch,
         warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
     )
+    check_disk_space(output_dir, accelerator.unwrap_model(task.model), optimizer, cfg.loop.keep_checkpoints)
     config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     state = LoopState()
     if accelerator.is_main_process:

@@ -34,8 +34,15 @@ PREVIEW_IMAGES = 8
 def model_kwargs(cfg: PretrainConfig) -> dict:
     m = cfg.model
     kwargs = {"img_size": m.img_size, "mask_ratio": m.mask_ratio, "norm_pix_loss": m.norm_pix_loss}
-    for name in ("patch_size", "embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
-                 "decoder_num_heads"):
+    for name in (
+        "patch_size",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "decoder_embed_dim",
+        "decoder_depth",
+        "decoder_num_heads",
+    ):
         if getattr(m, name) is not None:
             kwargs[name] = getattr(m, name)
     return kwargs

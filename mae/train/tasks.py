@@ -10,6 +10,7 @@ from accelerate import Accelerator
 
 from mae.data.transforms import normalize
 from mae.train.features import topk_accuracy
+from mae.train.metrics import report_bad_files
 from mae.visualize import reconstruction_grid, save_grid
 
 
@@ -85,6 +86,7 @@ class ClassifierTask:
         self.val_loader = val_loader
         self.mixup = mixup
         self.ema = ema
+        self.bad_val_files: list[str] = []
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         x, y = batch["image"], batch["label"]
@@ -101,8 +103,9 @@ class ClassifierTask:
         model = self.ema.module if self.ema is not None else self.model
         was_training = model.training
         model.eval()
-        logits, labels = [], []
+        logits, labels, bad = [], [], []
         for batch in self.val_loader:
+            bad.extend(batch.get("bad", []))
             if batch["image"] is None:
                 continue
             with self.accelerator.autocast():
@@ -111,6 +114,7 @@ class ClassifierTask:
             logits.append(out.cpu())
             labels.append(y.cpu())
         model.train(was_training)
+        report_bad_files(self.accelerator, bad, self.bad_val_files)
         logits, labels = torch.cat(logits), torch.cat(labels)
         loss = torch.nn.functional.cross_entropy(logits, labels).item()
         return {"eval": "val", "loss": loss, **topk_accuracy(logits, labels), "samples": len(labels)}
