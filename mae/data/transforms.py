@@ -7,6 +7,8 @@ was resumed.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from PIL import Image
@@ -57,6 +59,9 @@ class PretrainSamples(torch.utils.data.Dataset):
         self.seed = seed
         self.crop_scale = crop_scale
         self.hflip = hflip
+        if hasattr(source, "set_decode_size"):
+            # The smallest crop (area crop_scale[0], aspect 3/4) still gets full resolution at this size.
+            source.set_decode_size(math.ceil(max(img_size) / math.sqrt(crop_scale[0] * 3 / 4)))
 
     def __len__(self) -> int:
         return len(self.source)

@@ -107,3 +107,15 @@ def test_hf_source_reads_undecoded_bytes():
         features=datasets.Features({"image": datasets.Image(decode=False)}),
     )
     assert HFSource(ds, None, "t").load(0).getpixel((0, 0)) == (1, 2, 3)
+
+
+def test_large_jpegs_decode_at_a_reduced_scale(tmp_path):
+    Image.new("RGB", (2000, 1600), (10, 200, 30)).save(tmp_path / "big.jpg")
+    Image.new("RGB", (2000, 1600), (10, 200, 30)).save(tmp_path / "big.png")
+    src = FolderSource(tmp_path)
+    src.set_decode_size(300)
+    jpeg, png = src.load(0), src.load(1)
+    assert jpeg.size == (500, 400)  # 1/4 scale: the smallest reduction keeping the short side >= 300
+    assert png.size == (2000, 1600)  # only JPEG decoders can scale
+    src.set_decode_size(None)
+    assert src.load(0).size == (2000, 1600)
