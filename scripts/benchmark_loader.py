@@ -56,19 +56,23 @@ def loader_rate(folder: Path, batch: int, workers: int, batches: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def step_rate(batch: int, steps: int = 4) -> float:
-    model = mae.create_mae("mae_vit_small_patch16")
-    configure_speed(model, "cpu", "bf16")
+def step_rate(batch: int, device: str, steps: int = 4) -> float:
+    model = mae.create_mae("mae_vit_small_patch16").to(device)
+    configure_speed(model, device, "bf16")
     opt = adamw(model, lr=1e-4, weight_decay=0.05, betas=(0.9, 0.95))
-    images = torch.randint(0, 256, (batch, 3, 224, 224), dtype=torch.uint8)
+    images = torch.randint(0, 256, (batch, 3, 224, 224), dtype=torch.uint8, device=device)
     times = []
     for _ in range(steps + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss = model(normalize(images, DataConfig().mean, DataConfig().std)).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return batch / min(times[1:])
 
@@ -79,18 +83,19 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--workers", type=int, default=DataConfig().num_workers)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.folder or Path(tmp) / "jpegs"
         if args.folder is None:
             make_jpegs(folder, args.images)
         rate = loader_rate(folder, args.batch, args.workers, batches=args.images // args.batch * 2)
-    step = step_rate(args.batch)
+    step = step_rate(args.batch, args.device)
     print(
         f"loader ({args.workers} workers, 224 px crops from {'12 MP JPEGs' if args.folder is None else folder}): "
         f"{rate:.1f} images/s"
     )
-    print(f"training step (small preset, bf16, batch {args.batch}): {step:.1f} images/s")
+    print(f"training step (small preset, bf16, batch {args.batch}, {args.device}): {step:.1f} images/s")
     print(f"loader/step={rate / step:.2f}")
 
 
