@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mae.data.sources import DataError, FolderSource, HFSource, iter_image_files
+from mae.data.sources import DataError, FolderSource, HFSource, iter_image_files, load_hf_dataset
 from mae.data.transforms import load_image, sample_seed, split_bad
 
 
@@ -87,26 +87,10 @@ class Subset:
 
 
 def open_labeled(path: str, image_column: str | None, label_column: str | None, option: str = "--data.path"):
-    if path.startswith("hf:"):
-        import datasets
-
-        name, _, split = path[3:].partition(":")
-        try:
-            ds = datasets.load_dataset(name, split=split or "train")
-        except Exception as e:  # noqa: BLE001 - hub and builder errors vary; the message is what matters
-            raise DataError(f"{option} {path}: could not load the dataset ({type(e).__name__}: {e})") from None
-        return LabeledHF(ds, image_column, label_column, path)
-    p = Path(path)
-    if not p.is_dir():
+    if not path.startswith("hf:") and not Path(path).is_dir():
         raise DataError(f"{option} {path}: no such folder (expected class subfolders or a saved `datasets` folder)")
-    if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists():
-        import datasets
-
-        ds = datasets.load_from_disk(str(p))
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds["train" if "train" in ds else next(iter(ds))]
-        return LabeledHF(ds, image_column, label_column, path)
-    return LabeledFolder(p, option)
+    ds = load_hf_dataset(path, option)
+    return LabeledHF(ds, image_column, label_column, path) if ds is not None else LabeledFolder(Path(path), option)
 
 
 def split(source, fraction: float, seed: int) -> tuple[Subset, Subset]:

@@ -167,30 +167,34 @@ class DemoSource:
         return self.images[i % len(self.images)][1].copy()
 
 
+def load_hf_dataset(path: str, option: str = "--data.path"):
+    """The `datasets.Dataset` behind `hf:NAME[:split]` or a `save_to_disk` folder; None for other paths."""
+    import datasets
+
+    if path.startswith("hf:"):
+        name, _, split = path[3:].partition(":")
+        try:
+            return datasets.load_dataset(name, split=split or "train")
+        except Exception as e:  # noqa: BLE001 - hub and builder errors vary; the message is what matters
+            raise DataError(f"{option} {path}: could not load the dataset ({type(e).__name__}: {e})") from None
+    p = Path(path)
+    if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists():
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train" if "train" in ds else next(iter(ds))]
+        return ds
+    return None
+
+
 def open_source(path: str | None, image_column: str | None = None):
     """The source behind `--data.path`."""
     if path is None:
         return DemoSource()
-    if path.startswith("hf:"):
-        import datasets
-
-        name, _, split = path[3:].partition(":")
-        try:
-            ds = datasets.load_dataset(name, split=split or "train")
-        except Exception as e:  # noqa: BLE001 - hub and builder errors vary; the message is what matters
-            raise DataError(f"--data.path {path}: could not load the dataset ({type(e).__name__}: {e})") from None
-        return HFSource(ds, image_column, path)
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"--data.path {path}: no such file or folder")
-    if not p.is_dir():
-        raise DataError(f"--data.path {path}: expected a folder of images or a saved `datasets` folder")
-    if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists():
-        import datasets
-
-        ds = datasets.load_from_disk(str(p))
-        if isinstance(ds, datasets.DatasetDict):
-            split = "train" if "train" in ds else next(iter(ds))
-            ds = ds[split]
-        return HFSource(ds, image_column, path)
-    return FolderSource(p)
+    if not path.startswith("hf:"):
+        p = Path(path)
+        if not p.exists():
+            raise DataError(f"--data.path {path}: no such file or folder")
+        if not p.is_dir():
+            raise DataError(f"--data.path {path}: expected a folder of images or a saved `datasets` folder")
+    ds = load_hf_dataset(path)
+    return HFSource(ds, image_column, path) if ds is not None else FolderSource(path)

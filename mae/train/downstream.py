@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,33 @@ from mae.train.run import (
     train,
 )
 from mae.train.tasks import ClassifierTask
+
+
+@dataclass
+class Setup:
+    """What every downstream stage starts from."""
+
+    source: dict[str, Any]  # the encoder (see `encoder_source`)
+    train_src: Any
+    val_src: Any
+    classes: list[str]
+    size: tuple[int, int]
+    mean: tuple
+    std: tuple
+    resume_from: Path | None
+    accelerator: Any
+
+
+def begin(cfg: Any) -> Setup:
+    """Validate, open the encoder and the labeled data, find a checkpoint to resume, start Accelerate."""
+    validate(cfg)
+    source = load_source(cfg)
+    train_src, val_src = labeled_splits(cfg)
+    size, mean, std = _input(cfg, source)
+    resume_from = find_resume_checkpoint(cfg)
+    return Setup(
+        source, train_src, val_src, list(train_src.classes), size, mean, std, resume_from, open_accelerator(cfg)
+    )
 
 
 def validate(cfg: Any) -> None:
@@ -163,13 +191,9 @@ def probe_optimizer(head: torch.nn.Sequential, optim: Any, lr: float) -> torch.o
 
 def run_linprobe(cfg: LinprobeConfig) -> Path:
     """Train BN + linear on frozen features; the encoder never changes (it stays in eval mode)."""
-    validate(cfg)
-    source = load_source(cfg)
-    train_src, val_src = labeled_splits(cfg)
-    classes = train_src.classes
-    size, mean, std = _input(cfg, source)
-    resume_from = find_resume_checkpoint(cfg)
-    accelerator = open_accelerator(cfg)
+    setup = begin(cfg)
+    source, train_src, val_src, classes = setup.source, setup.train_src, setup.val_src, setup.classes
+    size, mean, std, accelerator = setup.size, setup.mean, setup.std, setup.accelerator
     encoder, arch, args = build_classifier(
         source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
     )
@@ -226,7 +250,7 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
         sampler=sampler,
         lr=lr,
         what=what,
-        resume_from=resume_from,
+        resume_from=setup.resume_from,
     )
     classifier, arch, args = build_classifier(
         source, len(classes), img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
@@ -237,13 +261,9 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
 
 def run_finetune(cfg: FinetuneConfig) -> Path:
     """Train the whole ViT with a fresh head: layer-wise lr decay, drop path, RandAugment, mixup/cutmix."""
-    validate(cfg)
-    source = load_source(cfg)
-    train_src, val_src = labeled_splits(cfg)
-    classes = train_src.classes
-    size, mean, std = _input(cfg, source)
-    resume_from = find_resume_checkpoint(cfg)
-    accelerator = open_accelerator(cfg)
+    setup = begin(cfg)
+    source, train_src, val_src, classes = setup.source, setup.train_src, setup.val_src, setup.classes
+    size, mean, std, accelerator = setup.size, setup.mean, setup.std, setup.accelerator
     model, arch, args = build_classifier(
         source,
         len(classes),
@@ -315,7 +335,7 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         sampler=sampler,
         lr=lr,
         what=what,
-        resume_from=resume_from,
+        resume_from=setup.resume_from,
     )
     final = ema.module if ema is not None else accelerator.unwrap_model(model)
     return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
@@ -323,13 +343,11 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
 
 def run_knn(cfg: KnnConfig) -> dict[str, float]:
     """Weighted k-NN on frozen features: the validation set votes among the training set."""
-    validate(cfg)
     if cfg.k < 1 or cfg.temperature <= 0:
         raise ConfigError(f"--k {cfg.k} / --temperature {cfg.temperature}: must be >= 1 and > 0")
-    source = load_source(cfg)
-    train_src, val_src = labeled_splits(cfg)
-    size, mean, std = _input(cfg, source)
-    accelerator = open_accelerator(cfg)
+    setup = begin(cfg)
+    source, train_src, val_src = setup.source, setup.train_src, setup.val_src
+    size, mean, std, accelerator = setup.size, setup.mean, setup.std, setup.accelerator
     encoder, _, _ = build_classifier(source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False)
     encoder.to(accelerator.device)
     configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
