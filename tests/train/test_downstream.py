@@ -184,3 +184,19 @@ def test_labels_out_of_range_in_a_dataset(tmp_path, capsys):
     assert run("knn", "--pretrained", "random:mae_vit_micro_patch8", "--data.path", tmp_path / "ds",
                "--output_dir", tmp_path / "o") == 2  # fmt: skip
     assert "label -1 of row 5 is outside [0, 3)" in capsys.readouterr().err
+
+
+def test_finetune_with_ema_exports_the_average(tmp_path, labeled, encoder):
+    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 1, "--optim.warmup_epochs", 0.2]
+    assert run("finetune", *args, "--output_dir", tmp_path / "raw") == 0
+    assert run("finetune", *args, "--model.ema_decay", 0.5, "--output_dir", tmp_path / "ema") == 0
+    raw, ema = (
+        load_file(tmp_path / "raw" / "classifier.safetensors"),
+        load_file(tmp_path / "ema" / "classifier.safetensors"),
+    )
+    pre = load_file(encoder)
+    # same seed, same steps: the EMA export lies between the start and the raw weights, equal to neither
+    w = "blocks.0.mlp.fc1.weight"
+    assert not torch.equal(ema[w], raw[w]) and not torch.equal(ema[w], pre[w])
+    assert (ema[w] - pre[w]).norm() < (raw[w] - pre[w]).norm()
+    assert "top1" in evals(tmp_path / "ema")[-1]
