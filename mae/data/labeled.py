@@ -119,8 +119,11 @@ class LabeledSamples(torch.utils.data.Dataset):
     """`dataset[(epoch, index)]` or `dataset[index]` -> {"image", "label", "index"}, or {"bad": (name, reason)}
     for a file that cannot be decoded. With a `seed`, the transform's randomness comes from (seed, epoch, index)."""
 
-    def __init__(self, source, transform: Callable, seed: int | None = None) -> None:
+    def __init__(self, source, transform: Callable, seed: int | None = None, decode_side: int | None = None) -> None:
         self.source, self.transform, self.seed = source, transform, seed
+        target = source.source if isinstance(source, Subset) else source
+        if decode_side and hasattr(target, "set_decode_size"):
+            target.set_decode_size(decode_side)  # large JPEGs decode at a reduced scale (see FolderSource)
 
     def __len__(self) -> int:
         return len(self.source)

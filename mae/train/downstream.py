@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,15 @@ def eval_transform(size: tuple[int, int], cfg: Any, mean: tuple, std: tuple):
     )
 
 
-def eval_loader(source, transform, cfg: Any):
+def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
+    """The short side a JPEG may be decoded down to when crops down to `smallest_crop` of the image's
+    side must keep full resolution."""
+    return math.ceil(max(size) / smallest_crop)
+
+
+def eval_loader(source, transform, cfg: Any, size: tuple[int, int]):
     return make_loader(
-        LabeledSamples(source, transform),
+        LabeledSamples(source, transform, decode_side=decode_side(size, cfg.data.crop_pct)),
         batch_size=cfg.loop.batch_size,
         drop_last=False,
         collate_fn=collate_labeled,
@@ -206,8 +213,8 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
     eval_tf = eval_transform(size, cfg, mean, std)
     if mode == "cached":
         cache = Path(cfg.cache_dir) if cfg.cache_dir else None
-        train_feats = _cached(accelerator, encoder, eval_loader(train_src, eval_tf, cfg), cache, "train")
-        val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg), cache, "val")
+        train_feats = _cached(accelerator, encoder, eval_loader(train_src, eval_tf, cfg, size), cache, "train")
+        val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg, size), cache, "val")
         train_ds, val_ds, model, workers = FeatureSamples(*train_feats), FeatureSamples(*val_feats), head, 0
     else:
         train_tf = (
@@ -226,8 +233,10 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
             if (cfg.augment)
             else eval_tf
         )
-        train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed)
-        val_ds, model, workers = LabeledSamples(val_src, eval_tf), LinearProbe(encoder, head), cfg.data.num_workers
+        side = decode_side(size, math.sqrt(0.08 * 3 / 4)) if cfg.augment else decode_side(size, cfg.data.crop_pct)
+        train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
+        val_ds = LabeledSamples(val_src, eval_tf, decode_side=decode_side(size, cfg.data.crop_pct))
+        model, workers = LinearProbe(encoder, head), cfg.data.num_workers
     check_batch_fits(len(train_ds), cfg, accelerator)
     sampler = EpochSampler(len(train_ds), cfg.seed)
     loader = make_loader(
@@ -287,7 +296,8 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         mean=mean,
         std=std,
     )
-    train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed)
+    side = decode_side(size, math.sqrt(a.crop_scale[0] * 3 / 4))
+    train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
     check_batch_fits(len(train_ds), cfg, accelerator)
     sampler = EpochSampler(len(train_ds), cfg.seed)
     loader = make_loader(
@@ -297,7 +307,7 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         collate_fn=collate_labeled,
         num_workers=cfg.data.num_workers,
     )
-    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg)
+    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg, size)
     mixup = None
     if a.mixup > 0 or a.cutmix > 0:
         mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=len(classes))
@@ -353,10 +363,10 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     tf = eval_transform(size, cfg, mean, std)
     bank, bank_labels = extract_features(
-        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg)), accelerator
+        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size)), accelerator
     )
     query, labels = extract_features(
-        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg)), accelerator
+        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size)), accelerator
     )
     scores = knn_scores(
         bank, bank_labels, query, num_classes=len(train_src.classes), k=cfg.k, temperature=cfg.temperature
