@@ -63,8 +63,8 @@ def logistic_regression(data: Path, seed: int, epochs: int = 30) -> tuple[float,
 
     def load(split):
         ds = datasets.load_from_disk(str(data / split)).with_format("numpy")
-        x = torch.from_numpy(np.stack(ds["image"]).reshape(len(ds), -1).astype("float32") / 255)
-        return x, torch.from_numpy(ds["label"].astype("int64"))
+        x = np.stack(list(ds["image"])).reshape(len(ds), -1).astype("float32") / 255
+        return torch.from_numpy(x), torch.from_numpy(np.asarray(ds["label"], dtype="int64"))
 
     (xtr, ytr), (xte, yte) = load("train"), load("test")
     mean, std = xtr.mean(0), xtr.std(0) + 1e-3
