@@ -177,20 +177,6 @@ def official_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def mae_to_official(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `official_to_mae`."""
-    out = {}
-    for key, value in state.items():
-        if key.startswith("encoder."):
-            out[key[len("encoder.") :]] = value
-            continue
-        for src, dst in _OFFICIAL_DECODER:
-            if key == dst or (dst.endswith(".") and key.startswith(dst)):
-                out[src + key[len(dst) :]] = value
-                break
-    return out
-
-
 # --- reading files --------------------------------------------------------------------------------
 
 
