@@ -1,5 +1,6 @@
-"""Fashion-MNIST as inputs for `mae`: two `datasets` folders (train 60,000 / test 10,000) with an
-`image` column and a `label` ClassLabel column.
+"""Fashion-MNIST as inputs for `mae`: `datasets` folders (train 60,000 / test 10,000) with an
+`image` column and a `label` ClassLabel column, plus fit (54,000) / val (6,000): the train split cut in
+two (stratified, seed 0), for choosing recipes without touching the test split.
 
 Source: Debian's `dataset-fashion-mnist` (`apt-get install dataset-fashion-mnist`, gzipped IDX files
 in /usr/share/datasets/fashion-mnist/, MIT) or, with internet, the Hugging Face dataset
@@ -52,7 +53,7 @@ def from_hub():
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", default="data/fashion_mnist", help="folder for train/ and test/")
+    parser.add_argument("--output", default="data/fashion_mnist", help="folder for train/, test/, fit/ and val/")
     parser.add_argument("--source", default=str(DEBIAN), help="folder of the IDX .gz files, or 'hub'")
     args = parser.parse_args()
     out = Path(args.output)
@@ -64,6 +65,8 @@ def main() -> int:
         print(f"prepare_fashion_mnist: {args.source} has no IDX files; `apt-get install dataset-fashion-mnist` "
               "or pass --source hub", file=sys.stderr)  # fmt: skip
         return 2
+    held_out = splits["train"].train_test_split(test_size=6000, seed=0, stratify_by_column="label")
+    splits["fit"], splits["val"] = held_out["train"], held_out["test"]
     for name, ds in splits.items():
         ds.save_to_disk(str(out / name))
         print(f"{out / name}: {len(ds)} images")

@@ -104,7 +104,7 @@ def split(source, fraction: float, seed: int) -> tuple[Subset, Subset]:
 def seeded_rng(seed: int) -> Iterator[None]:
     """Seed torch, `random` and NumPy (timm's augmentations use all three); restore them after."""
     states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also queues CUDA seeding (slow)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     try:
