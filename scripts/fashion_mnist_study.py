@@ -53,6 +53,14 @@ def sh(cmd: list[str], log: Path) -> float:
     return seconds
 
 
+MAE = [sys.executable, "-m", "mae"]
+
+
+def mae_stage(stage: str, log: Path, *options: str) -> float:
+    """`mae STAGE --config recipes/fashion_mnist/STAGE.yaml OPTIONS`, run through `sh`."""
+    return sh([*MAE, stage, "--config", str(RECIPES / f"{stage}.yaml"), *options], log)
+
+
 def last_eval(out: Path) -> dict:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [m for m in lines if "top1" in m][-1]
@@ -141,25 +149,14 @@ def test_images(data: Path, folder: Path, n: int = 8) -> list[str]:
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict:
     out, data = Path(args.out) / f"seed{seed}", Path(args.data)
-    mae_cmd = [sys.executable, "-m", "mae"]
     common = ["--seed", str(seed), "--loop.progress", "false"]
     probe_data = ["--data.path", str(data / "train"), "--data.val_path", str(data / "test")]
     r: dict = {"seed": seed, "seconds": {}}
     t = r["seconds"]
-    t["pretrain"] = sh(
-        [
-            *mae_cmd,
-            "pretrain",
-            "--config",
-            str(RECIPES / "pretrain.yaml"),
-            "--data.path",
-            str(data / "train"),
-            "--output_dir",
-            str(out / "pretrain"),
-            *common,
-        ],
-        out / "pretrain.log",
-    )
+    t["pretrain"] = mae_stage(
+        "pretrain", out / "pretrain.log", "--data.path", str(data / "train"), "--output_dir", str(out / "pretrain"),
+        *common,
+    )  # fmt: skip
     rand = random_encoder(out / "random_encoder.safetensors", seed)
     full = seed == args.seeds[0] or args.full_every_seed
     for name, pretrained in (("mae", out / "pretrain"), ("random", rand)):
@@ -169,28 +166,17 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
             ):
                 continue  # later seeds repeat the headline numbers (MAE probe and k-NN) unless asked
             key = f"{stage}_{name}"
-            t[key] = sh(
-                [
-                    *mae_cmd,
-                    stage,
-                    "--config",
-                    str(RECIPES / f"{stage}.yaml"),
-                    "--pretrained",
-                    str(pretrained),
-                    *probe_data,
-                    "--output_dir",
-                    str(out / key),
-                    *common,
-                ],
-                out / f"{key}.log",
-            )
+            t[key] = mae_stage(
+                stage, out / f"{key}.log", "--pretrained", str(pretrained), *probe_data,
+                "--output_dir", str(out / key), *common,
+            )  # fmt: skip
             r[key] = round(last_eval(out / key)["top1"], 2)
     r["logreg_pixels"], t["logreg_pixels"] = logistic_regression(data, seed)
     r["logreg_pixels"] = round(r["logreg_pixels"], 2)
     if seed == args.seeds[0]:
         sh(
             [
-                *mae_cmd,
+                *MAE,
                 "visualize",
                 "--checkpoint",
                 str(out / "pretrain"),
@@ -212,32 +198,24 @@ CANDIDATES = {
     "batch 128, norm-pix targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "true"],
     "batch 128, pixel targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "false"],
 }
-SELECT_EPOCHS, SELECT_WARMUP = 4, 0.67  # a third of the recipe's schedule (12 epochs, 2 of warm-up)
+SELECT_EPOCHS, SELECT_WARMUP = 4, 0.67  # a third of a 12-epoch schedule with 2 epochs of warm-up
 
 
 def select(args: argparse.Namespace) -> None:
     """Pretrain each candidate on fit for SELECT_EPOCHS, then linear-probe on fit and score on val."""
     out, data = Path(args.out), Path(args.data)
-    mae_cmd = [sys.executable, "-m", "mae"]
+    common = ["--seed", str(args.seeds[0]), "--loop.progress", "false"]
     rows = []
     for i, (name, extra) in enumerate(CANDIDATES.items()):
         run = out / f"candidate{i}"
-        common = ["--seed", str(args.seeds[0]), "--loop.progress", "false"]
-        seconds = sh(
-            [
-                *mae_cmd, "pretrain", "--config", str(RECIPES / "pretrain.yaml"), "--data.path", str(data / "fit"),
-                "--output_dir", str(run / "pretrain"), "--loop.epochs", str(SELECT_EPOCHS),
-                "--optim.warmup_epochs", str(SELECT_WARMUP), "--loop.eval_every", "0", *common, *extra,
-            ],
-            run / "pretrain.log",
+        seconds = mae_stage(
+            "pretrain", run / "pretrain.log", "--data.path", str(data / "fit"), "--output_dir", str(run / "pretrain"),
+            "--loop.epochs", str(SELECT_EPOCHS), "--optim.warmup_epochs", str(SELECT_WARMUP),
+            "--loop.eval_every", "0", *common, *extra,
         )  # fmt: skip
-        sh(
-            [
-                *mae_cmd, "linprobe", "--config", str(RECIPES / "linprobe.yaml"), "--pretrained", str(run / "pretrain"),
-                "--data.path", str(data / "fit"), "--data.val_path", str(data / "val"),
-                "--output_dir", str(run / "linprobe"), *common,
-            ],
-            run / "linprobe.log",
+        mae_stage(
+            "linprobe", run / "linprobe.log", "--pretrained", str(run / "pretrain"), "--data.path", str(data / "fit"),
+            "--data.val_path", str(data / "val"), "--output_dir", str(run / "linprobe"), *common,
         )  # fmt: skip
         rows.append({"candidate": name, "options": extra, "val_top1": round(last_eval(run / "linprobe")["top1"], 2),
                      "pretrain_minutes": round(seconds / 60, 1)})  # fmt: skip
