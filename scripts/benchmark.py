@@ -7,6 +7,7 @@ steps are excluded and reported apart.
     python scripts/benchmark.py --preset small            # fp32 and bf16, 2-core CPU friendly
     python scripts/benchmark.py --preset base --precision bf16
     python scripts/benchmark.py --preset base --device cuda --batch 256
+    python scripts/benchmark.py --recipe recipes/fashion_mnist/pretrain.yaml --precision bf16 --batch 128 [--compile]
 
 The last line reads `ratio_fp32=... ratio_bf16=...` (ours / transformers, images per second).
 """
@@ -16,62 +17,31 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 import mae
 from mae.data.transforms import normalize
 from mae.train.run import adamw, configure_speed
 
-PRESETS = {
-    # name: (our preset, transformers config overrides)
-    "small": (
-        "mae_vit_small_patch16",
-        dict(
-            hidden_size=384,
-            num_hidden_layers=12,
-            num_attention_heads=6,
-            intermediate_size=1536,
-            decoder_hidden_size=256,
-            decoder_num_hidden_layers=4,
-            decoder_num_attention_heads=8,
-            decoder_intermediate_size=1024,
-        ),
-    ),
-    "base": (
-        "mae_vit_base_patch16",
-        dict(
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            decoder_hidden_size=512,
-            decoder_num_hidden_layers=8,
-            decoder_num_attention_heads=16,
-            decoder_intermediate_size=2048,
-        ),
-    ),
-    "large": (
-        "mae_vit_large_patch16",
-        dict(
-            hidden_size=1024,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            intermediate_size=4096,
-            decoder_hidden_size=512,
-            decoder_num_hidden_layers=8,
-            decoder_num_attention_heads=16,
-            decoder_intermediate_size=2048,
-        ),
-    ),
-}
+PRESETS = {"small": "mae_vit_small_patch16", "base": "mae_vit_base_patch16", "large": "mae_vit_large_patch16"}
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def build_ours(preset: str, device: str, precision: str, compile_model: bool):
+def our_model(args: argparse.Namespace) -> mae.MaskedAutoencoder:
+    """The preset at 224 px, or the model section of a pretraining recipe (--recipe)."""
+    if args.recipe:
+        kwargs = yaml.safe_load(Path(args.recipe).read_text())["model"]
+        return mae.create_mae(kwargs.pop("name", "mae_vit_base_patch16"), **kwargs)
+    return mae.create_mae(PRESETS[args.preset], img_size=224)
+
+
+def build_ours(model: mae.MaskedAutoencoder, device: str, precision: str, compile_model: bool):
     """Our model and optimizer with `mae pretrain`'s default speed settings."""
-    model = mae.create_mae(PRESETS[preset][0], img_size=224).to(device)
+    model = model.to(device)
     opt = adamw(model, lr=1e-4, weight_decay=0.05, betas=(0.9, 0.95))
     configure_speed(model, device, "bf16" if precision == "bf16" else "no")
     forward = torch.compile(model) if compile_model else model
@@ -87,17 +57,27 @@ def build_ours(preset: str, device: str, precision: str, compile_model: bool):
     return model, step
 
 
-def build_transformers(preset: str, device: str):
+def build_transformers(ours: mae.MaskedAutoencoder, device: str):
+    """transformers' ViTMAE with the same architecture as `ours`, read off our modules."""
     from transformers import ViTMAEConfig, ViTMAEForPreTraining
 
+    enc, dec = ours.encoder, ours.decoder
     cfg = ViTMAEConfig(
-        image_size=224,
-        patch_size=16,
-        mask_ratio=0.75,
-        norm_pix_loss=True,
+        image_size=ours.img_size[0] if len(set(ours.img_size)) == 1 else tuple(ours.img_size),
+        patch_size=ours.patch_size,
+        num_channels=ours.in_chans,
+        mask_ratio=ours.mask_ratio,
+        norm_pix_loss=ours.norm_pix_loss,
+        hidden_size=enc.embed_dim,
+        num_hidden_layers=len(enc.blocks),
+        num_attention_heads=enc.blocks[0].attn.num_heads,
+        intermediate_size=enc.blocks[0].mlp.fc1.out_features,
+        decoder_hidden_size=dec.embed.out_features,
+        decoder_num_hidden_layers=len(dec.blocks),
+        decoder_num_attention_heads=dec.blocks[0].attn.num_heads,
+        decoder_intermediate_size=dec.blocks[0].mlp.fc1.out_features,
         layer_norm_eps=1e-6,
         attn_implementation="sdpa",
-        **PRESETS[preset][1],
     )
     model = ViTMAEForPreTraining(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, betas=(0.9, 0.95))
@@ -127,11 +107,12 @@ def flops_per_step(step, images, noise, precision) -> float:
 def measure(args: argparse.Namespace, precision: str) -> dict[str, dict[str, float]]:
     device = args.device
     torch.manual_seed(0)
-    images = torch.randint(0, 256, (args.batch, 3, 224, 224), dtype=torch.uint8, device=device)
-    noise = torch.rand(args.batch, 196, device=device)
+    ours = our_model(args)
+    images = torch.randint(0, 256, (args.batch, ours.in_chans, *ours.img_size), dtype=torch.uint8, device=device)
+    noise = torch.rand(args.batch, ours.num_patches, device=device)
     runners = {
-        "ours": build_ours(args.preset, device, precision, args.compile)[1],
-        "transformers": build_transformers(args.preset, device)[1],
+        "ours": build_ours(ours, device, precision, args.compile)[1],
+        "transformers": build_transformers(ours, device)[1],
     }
     result: dict[str, dict[str, float]] = {name: {} for name in runners}
     for name, step in runners.items():  # warm-up (and compilation) apart from the timed steps
@@ -166,12 +147,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="torch.compile ours (mae pretrain --loop.compile true)")
+    parser.add_argument("--recipe", help="a pretraining recipe whose model section replaces --preset")
     args = parser.parse_args()
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     cores = torch.get_num_threads()
     print(
-        f"MAE pretraining step, {args.preset} preset, 224 px, batch {args.batch}, mask 0.75, norm-pix loss, "
-        f"AdamW; device {args.device} ({cores} threads), torch {torch.__version__}"
+        f"MAE pretraining step, {args.recipe or args.preset + ' preset, 224 px'}, batch {args.batch}, "
+        f"{'compiled' if args.compile else 'eager'}, AdamW; device {args.device} ({cores} threads), "
+        f"torch {torch.__version__}"
     )
     print()
     print("| precision | implementation | images/s | ms/step | TFLOP/s | GFLOP/image | warm-up s |")

@@ -27,11 +27,13 @@ from mae.train.run import (
     adamw,
     check_batch_fits,
     check_output_dir,
+    compile_model,
     configure_speed,
     effective_lr,
     find_resume_checkpoint,
     make_loader,
     open_accelerator,
+    plain_model,
     train,
 )
 from mae.train.tasks import ClassifierTask
@@ -248,6 +250,8 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
     lr, _ = effective_lr(cfg, accelerator)
     optimizer = probe_optimizer(head, cfg.optim, lr)
     model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
+    if cfg.loop.compile:
+        model = compile_model(model, accelerator.device.type)
     task = ClassifierTask(model, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val_loader)
     what = f"linear probe ({mode}, pool {cfg.model.pool}) on {len(train_ds)} images, {len(classes)} classes"
     train(
@@ -264,7 +268,7 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
     classifier, arch, args = build_classifier(
         source, len(classes), img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
     )
-    classifier.head = fold_probe_head(accelerator.unwrap_model(model) if mode == "cached" else head)
+    classifier.head = fold_probe_head(plain_model(accelerator, model) if mode == "cached" else head)
     return _finish(accelerator, cfg, classifier, arch, args, classes, mean, std)
 
 
@@ -326,11 +330,13 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     )
     configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
+    if cfg.loop.compile:
+        model = compile_model(model, accelerator.device.type)
     ema = None
     if cfg.model.ema_decay:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.model.ema_decay)
+        ema = ModelEmaV3(plain_model(accelerator, model), decay=cfg.model.ema_decay)
         accelerator.register_for_checkpointing(ema)
     task = ClassifierTask(
         model, accelerator=accelerator, criterion=criterion, val_loader=val_loader, mixup=mixup, ema=ema
@@ -347,7 +353,7 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         what=what,
         resume_from=setup.resume_from,
     )
-    final = ema.module if ema is not None else accelerator.unwrap_model(model)
+    final = ema.module if ema is not None else plain_model(accelerator, model)
     return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
 
 
@@ -361,6 +367,8 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     encoder, _, _ = build_classifier(source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False)
     encoder.to(accelerator.device)
     configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
+    if cfg.loop.compile:
+        encoder = compile_model(encoder, accelerator.device.type)
     tf = eval_transform(size, cfg, mean, std)
     bank, bank_labels = extract_features(
         encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size)), accelerator

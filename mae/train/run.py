@@ -180,7 +180,7 @@ def train(
         total_steps=cfg.loop.epochs * steps_per_epoch,
         warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
     )
-    check_disk_space(output_dir, accelerator.unwrap_model(task.model), optimizer, cfg.loop.keep_checkpoints)
+    check_disk_space(output_dir, plain_model(accelerator, task.model), optimizer, cfg.loop.keep_checkpoints)
     config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     state = LoopState()
     if accelerator.is_main_process:
@@ -223,6 +223,31 @@ def configure_speed(model: torch.nn.Module, device_type: str, precision: str, at
     for module in model.modules():
         if hasattr(module, "fused_attn"):  # timm's Attention
             module.fused_attn = attention == "fused"
+
+
+def compile_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
+    """`torch.compile(model)`, after checking what it needs: on a CPU, inductor builds C++ kernels, and
+    without a compiler the first step would fail deep inside torch."""
+    if device_type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+            from torch._inductor.exc import InvalidCxxCompiler
+        except ImportError:  # a torch that moved them: let torch.compile speak for itself
+            pass
+        else:
+            try:
+                get_cpp_compiler()
+            except InvalidCxxCompiler:
+                raise ConfigError(
+                    "--loop.compile true: torch.compile needs a C++ compiler on a CPU and found none; "
+                    "install one (apt-get install g++, or set CXX) or use --loop.compile false"
+                ) from None
+    return torch.compile(model)
+
+
+def plain_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` without Accelerate's or torch.compile's wrappers: for exports, previews and EMA."""
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
 
 
 def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float], **kwargs: Any):

@@ -19,11 +19,13 @@ from mae.train.run import (
     adamw,
     check_batch_fits,
     check_output_dir,
+    compile_model,
     configure_speed,
     effective_lr,
     find_resume_checkpoint,
     make_loader,
     open_accelerator,
+    plain_model,
     train,
 )
 from mae.train.tasks import PretrainTask
@@ -124,7 +126,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if cfg.loop.compile:
-        model = torch.compile(model)
+        model = compile_model(model, accelerator.device.type)
     preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
     task = PretrainTask(
         model,
@@ -133,7 +135,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         std=cfg.data.std,
         preview_batch=preview if preview["image"] is not None else None,
         output_dir=output_dir,
-        knn_monitor=knn_monitor(cfg, accelerator.unwrap_model(model).img_size),
+        knn_monitor=knn_monitor(cfg, plain_model(accelerator, model).img_size),
     )
     what = f"pretraining {cfg.model.name} on {len(samples)} images ({cfg.data.path or 'demo photos'})"
     train(
@@ -149,7 +151,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     )
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        path = save_encoder(accelerator.unwrap_model(model), output_dir / "encoder.safetensors", to_dict(cfg))
+        path = save_encoder(plain_model(accelerator, model), output_dir / "encoder.safetensors", to_dict(cfg))
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / 'preview.png'}")
     accelerator.end_training()
     return output_dir

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from mae.data.transforms import normalize
 from mae.train.features import topk_accuracy
 from mae.train.metrics import report_bad_files
+from mae.train.run import plain_model
 from mae.visualize import reconstruction_grid, save_grid
 
 
@@ -45,7 +46,7 @@ class PretrainTask:
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any] | None:
         if self.preview_batch is None or not self.accelerator.is_main_process:
             return None
-        model = self.accelerator.unwrap_model(self.model)
+        model = plain_model(self.accelerator, self.model)
         with self.accelerator.autocast():
             grid, loss = reconstruction_grid(
                 model, self.preview_batch["image"], self.preview_batch["noise"], self.mean, self.std
@@ -96,7 +97,7 @@ class ClassifierTask:
 
     def after_step(self) -> None:
         if self.ema is not None:
-            self.ema.update(self.accelerator.unwrap_model(self.model))
+            self.ema.update(plain_model(self.accelerator, self.model))
 
     @torch.no_grad()
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any]:

@@ -200,3 +200,23 @@ def test_finetune_with_ema_exports_the_average(tmp_path, labeled, encoder):
     assert not torch.equal(ema[w], raw[w]) and not torch.equal(ema[w], pre[w])
     assert (ema[w] - pre[w]).norm() < (raw[w] - pre[w]).norm()
     assert "top1" in evals(tmp_path / "ema")[-1]
+
+
+@pytest.mark.slow
+def test_compiled_finetune_and_knn_match_eager(tmp_path, labeled, encoder):
+    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.log_every", 1]
+    ft = [*args, "--loop.epochs", 1, "--optim.warmup_epochs", 0.5]
+    assert run("finetune", *ft, "--output_dir", tmp_path / "ft") == 0
+    assert run("finetune", *ft, "--loop.compile", "true", "--output_dir", tmp_path / "ft_compiled") == 0
+    eager, compiled = (
+        [json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if "eval" not in x]
+        for d in ("ft", "ft_compiled")
+    )
+    assert len(eager) == len(compiled) > 0
+    torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-4)
+    weights = load_file(tmp_path / "ft_compiled" / "classifier.safetensors")
+    assert not [k for k in weights if "_orig_mod" in k]
+    classifier(tmp_path / "ft_compiled" / "classifier.safetensors")  # loads strictly into timm
+    assert run("knn", *args, "--output_dir", tmp_path / "knn") == 0
+    assert run("knn", *args, "--loop.compile", "true", "--output_dir", tmp_path / "knn_compiled") == 0
+    assert abs(evals(tmp_path / "knn")[0]["top1"] - evals(tmp_path / "knn_compiled")[0]["top1"]) < 1e-6

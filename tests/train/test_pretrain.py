@@ -319,3 +319,34 @@ def test_knn_monitor_logs_top1_at_each_evaluation(tmp_path):
     lines = metrics(tmp_path / "run", eval_lines=True)
     assert [m["epoch"] for m in lines] == [1, 2]
     assert all(0 <= m["knn_top1"] <= 100 for m in lines)
+
+
+def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, capsys, monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-c++",))
+    make_images(tmp_path / "imgs", n=8)
+    code = run("--data.path", tmp_path / "imgs", "--loop.batch_size", 4, "--loop.compile", "true",
+               "--output_dir", tmp_path / "out")  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "--loop.compile" in err[0] and "C++ compiler" in err[0], err
+
+
+@pytest.mark.slow
+def test_compiled_pretraining_matches_eager_and_exports_plain_weights(tmp_path):
+    make_images(tmp_path / "imgs", n=16)
+    common = ["--data.path", tmp_path / "imgs", "--loop.epochs", 2, "--loop.batch_size", 8, "--loop.eval_every", 1]
+    assert run(*common, "--output_dir", tmp_path / "eager") == 0
+    assert run(*common, "--loop.compile", "true", "--output_dir", tmp_path / "compiled") == 0
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert len(eager) == len(compiled) == 4
+    for x, y in zip(eager, compiled, strict=True):
+        assert abs(x["loss"] - y["loss"]) < 1e-3 * x["loss"], (x, y)
+    assert len(metrics(tmp_path / "compiled", eval_lines=True)) == 2  # the previews ran
+    weights = load_file(tmp_path / "compiled" / "encoder.safetensors")
+    assert not [k for k in weights if "_orig_mod" in k]
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=96, depth=3, num_heads=3, num_classes=0
+    )
+    vit.load_state_dict(weights, strict=True)
