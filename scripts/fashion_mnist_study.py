@@ -11,10 +11,15 @@ OUT/reconstructions.png and OUT/pretrain_loss.png.
 
     python scripts/fashion_mnist_study.py --out runs/fashion_mnist --seeds 0 1
     python scripts/fashion_mnist_study.py --out runs/fashion_mnist_select --select   # how the recipe was chosen
+    python scripts/fashion_mnist_study.py --out runs/fashion_mnist --layers          # after the study: read-outs
 
 `--select` compares pretraining variants on a short budget without the test split: each pretrains
 on fit (54,000 train images) and is scored by the linear probe recipe on val (the 6,000 train
 images held out by prepare_fashion_mnist.py). Writes OUT/selection.md and OUT/selection.json.
+
+`--layers` asks, again on fit/val, whether a richer linear read-out (other blocks, the cls token,
+concatenations) would serve the MAE encoder better than the probe's feature, and the random-init
+encoder alike. Writes OUT/layers.md and OUT/layers.json.
 """
 
 from __future__ import annotations
@@ -66,23 +71,11 @@ def last_eval(out: Path) -> dict:
     return [m for m in lines if "top1" in m][-1]
 
 
-def logistic_regression(data: Path, seed: int, epochs: int = 30) -> tuple[float, float]:
-    """Multinomial logistic regression on standardised raw pixels (full-batch L-BFGS); (test top-1, seconds)."""
-    import datasets
-    import numpy as np
-
-    start = time.perf_counter()
-    torch.manual_seed(seed)
-
-    def load(split):
-        ds = datasets.load_from_disk(str(data / split)).with_format("numpy")
-        x = np.stack(list(ds["image"])).reshape(len(ds), -1).astype("float32") / 255
-        return torch.from_numpy(x), torch.from_numpy(np.asarray(ds["label"], dtype="int64"))
-
-    (xtr, ytr), (xte, yte) = load("train"), load("test")
+def fit_logistic(xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor, epochs: int = 30) -> float:
+    """Multinomial logistic regression on standardised inputs (full-batch L-BFGS); test top-1 (%)."""
     mean, std = xtr.mean(0), xtr.std(0) + 1e-3
     xtr, xte = (xtr - mean) / std, (xte - mean) / std
-    linear = torch.nn.Linear(xtr.shape[1], 10)
+    linear = torch.nn.Linear(xtr.shape[1], int(ytr.max()) + 1)
     opt = torch.optim.LBFGS(linear.parameters(), lr=1, max_iter=20, history_size=20, line_search_fn="strong_wolfe")
 
     def closure():
@@ -94,7 +87,24 @@ def logistic_regression(data: Path, seed: int, epochs: int = 30) -> tuple[float,
     for _ in range(epochs):
         opt.step(closure)
     with torch.no_grad():
-        top1 = (linear(xte).argmax(1) == yte).float().mean().item() * 100
+        return (linear(xte).argmax(1) == yte).float().mean().item() * 100
+
+
+def load_split(data: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prepared split as (uint8 images [N, 28, 28], labels [N])."""
+    import datasets
+    import numpy as np
+
+    ds = datasets.load_from_disk(str(data / split)).with_format("numpy")
+    return torch.from_numpy(np.stack(list(ds["image"]))), torch.from_numpy(np.asarray(ds["label"], dtype="int64"))
+
+
+def logistic_regression(data: Path, seed: int) -> tuple[float, float]:
+    """Logistic regression on raw pixels, train -> test; (test top-1, seconds)."""
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    (xtr, ytr), (xte, yte) = load_split(data, "train"), load_split(data, "test")
+    top1 = fit_logistic(xtr.flatten(1).float() / 255, ytr, xte.flatten(1).float() / 255, yte)
     return top1, time.perf_counter() - start
 
 
@@ -233,6 +243,74 @@ def select(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+def block_features(encoder: torch.nn.Module, images: torch.Tensor, mean: float, std: float) -> dict[str, torch.Tensor]:
+    """What a linear probe could read from each block: the probe's feature (final norm, average of the patch
+    tokens), the final cls token, and the average patch token after every block (before the final norm)."""
+    out: dict[str, list[torch.Tensor]] = {}
+    encoder.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for batch in images.split(500):
+            x = ((batch.float() / 255 - mean) / std).unsqueeze(1).expand(-1, 3, -1, -1)
+            final, inter = encoder.forward_intermediates(
+                x, indices=len(encoder.blocks), return_prefix_tokens=True, output_fmt="NLC"
+            )
+            feats = {"final": final[:, encoder.num_prefix_tokens :].mean(1), "cls": final[:, 0]}
+            feats.update({f"block{i + 1}": tokens.mean(1) for i, (tokens, _) in enumerate(inter)})
+            for k, v in feats.items():
+                out.setdefault(k, []).append(v.float())
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def layers(args: argparse.Namespace) -> None:
+    """Which features a linear read-out finds best, MAE against random init: logistic regression fit -> val on
+    the seed's encoders (run the study first). Richer read-outs lift the random encoder more than the MAE's."""
+    out, data, seed = Path(args.out), Path(args.data), args.seeds[0]
+    pretrained = out / f"seed{seed}" / "pretrain"
+    if not (pretrained / "encoder.safetensors").exists():
+        sys.exit(f"{pretrained}/encoder.safetensors: not found; run the study for seed {seed} first")
+    norm = yaml.safe_load((RECIPES / "pretrain.yaml").read_text())["data"]
+    mean, std = norm["mean"][0], norm["std"][0]
+    (xfit, yfit), (xval, yval) = load_split(data, "fit"), load_split(data, "val")
+    rand = random_encoder(out / f"seed{seed}" / "random_encoder.safetensors", seed)  # the study's, rebuilt
+    encoders = {"MAE": pretrained, "random init": rand}
+    feats = {}
+    for name, path in encoders.items():
+        encoder = mae.load_encoder(path)
+        feats[name] = (block_features(encoder, xfit, mean, std), block_features(encoder, xval, mean, std))
+    depth = len([k for k in feats["MAE"][0] if k.startswith("block")])
+    readouts = {
+        "the probe's feature (final norm, average pooling)": ["final"],
+        "final cls token": ["cls"],
+        "average + cls token (concatenated)": ["final", "cls"],
+        **{f"block {i} average (before the final norm)": [f"block{i}"] for i in range(1, depth + 1)},
+        "last 4 blocks' averages (concatenated)": [f"block{i}" for i in range(depth - 3, depth + 1)],
+        f"all {depth} blocks' averages (concatenated)": [f"block{i}" for i in range(1, depth + 1)],
+    }
+    rows = []
+    for label, keys in readouts.items():
+        row = {"readout": label}
+        for name, (fit, val) in feats.items():
+            torch.manual_seed(seed)
+            row[name] = round(fit_logistic(torch.cat([fit[k] for k in keys], 1), yfit,
+                                           torch.cat([val[k] for k in keys], 1), yval), 2)  # fmt: skip
+        rows.append(row)
+        print(row, flush=True)
+    torch.manual_seed(seed)
+    pixels = fit_logistic(xfit.flatten(1).float() / 255, yfit, xval.flatten(1).float() / 255, yval)
+    lines = [
+        f"Linear read-outs of the seed-{seed} encoders (pretrained on train, labels unused): logistic regression "
+        f"on fit (54,000), top-1 (%) on val (6,000); raw pixels: {pixels:.2f}",
+        "",
+        "| read-out | MAE | random init | MAE - random |",
+        "|---|---|---|---|",
+        *[f"| {r['readout']} | {r['MAE']:.2f} | {r['random init']:.2f} | {r['MAE'] - r['random init']:+.2f} |"
+          for r in rows],
+    ]  # fmt: skip
+    (out / "layers.json").write_text(json.dumps({"pixels": round(pixels, 2), "rows": rows}, indent=2))
+    (out / "layers.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def table(results: list[dict], machine: str) -> str:
     rows = [
         ("MAE encoder, linear probe", "linprobe_mae"),
@@ -275,6 +353,7 @@ def main() -> None:
         "the MAE linear probe and k-NN)",
     )
     parser.add_argument("--select", action="store_true", help="compare pretraining variants on fit/val (no test)")
+    parser.add_argument("--layers", action="store_true", help="linear read-outs of each block on fit/val (no test)")
     args = parser.parse_args()
     if not (Path(args.data) / "fit").exists():
         sh(
@@ -283,6 +362,8 @@ def main() -> None:
         )
     if args.select:
         return select(args)
+    if args.layers:
+        return layers(args)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     results = [run_seed(args, seed) for seed in args.seeds]
     out = Path(args.out)

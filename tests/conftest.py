@@ -62,12 +62,3 @@ def make_labeled(root, per_class=24, size=32, seed=0):
             img = img + rng.normal(0, 12, img.shape)
             Image.fromarray(img.clip(0, 255).astype("uint8")).save(folder / f"{i:03d}.png")
     return Path(root)
-
-
-def free_port() -> str:
-    """A TCP port nobody listens on, for a torchrun rendezvous."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])

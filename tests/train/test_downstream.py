@@ -16,7 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 import mae
 from mae.cli import main
 from mae.train.features import knn_scores, topk_accuracy
-from tests.conftest import free_port, make_labeled
+from tests.conftest import make_labeled
 
 COMMON = ["--data.num_workers", "0", "--loop.progress", "false", "--loop.mixed_precision", "no",
           "--data.val_fraction", "0.25", "--loop.batch_size", "16"]  # fmt: skip
@@ -126,7 +126,7 @@ def test_knn_stage_and_random_baseline(tmp_path, labeled, encoder):
 def test_two_processes_give_the_same_top1(tmp_path, labeled, encoder):
     args = ["knn", *COMMON, "--pretrained", str(encoder), "--data.path", str(labeled), "--data.val_fraction", "0.3"]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "mae", *args, "--output_dir", str(tmp_path / "two")],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -135,10 +135,9 @@ def test_two_processes_match_one(tmp_path):
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # the rendezvous binds a free port itself: no race with other runs
         "--nproc_per_node",
         "2",
-        "--master_port",
-        "29517",
         "-m",
         "mae",
         "pretrain",
