@@ -102,7 +102,8 @@ class LoopConfig:
     measured faster (scripts/benchmark.py), else fused."""
     compile: bool = False
     """torch.compile the network that runs (the MAE, the fine-tuned ViT, the probe, the k-NN encoder). On 2 CPU
-    cores: +14% images/s for the small Fashion-MNIST ViT, nothing for ViT-B; compiling takes ~15 s to a minute."""
+    cores (scripts/benchmark.py): the small Fashion-MNIST ViT's step 1.14-1.22x faster (a whole run ~+5%: the
+    loader shares the cores), ViT-S no faster; compiling takes ~15 s to a minute."""
 
 
 @dataclass(frozen=True)
