@@ -1,10 +1,9 @@
 """Masked autoencoder pretraining for timm Vision Transformers."""
 
-__version__ = "0.1.0"
-
-from mae.export import export_encoder, load_encoder  # noqa: E402
-from mae.importers import load_pretrained  # noqa: E402
-from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets  # noqa: E402
+from mae.export import export_encoder, load_encoder
+from mae.importers import load_pretrained
+from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
+from mae.version import __version__
 
 __all__ = [
     "MAEOutput",

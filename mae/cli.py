@@ -6,59 +6,35 @@ Precedence: dataclass defaults < (demo settings, when no data is given) < YAML <
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import re
 import sys
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+import traceback
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, set_parsing_settings
 
-from mae.config import DEMO_OVERRIDES, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, PretrainConfig
+from mae.config import (
+    DEMO_OVERRIDES,
+    ConfigError,
+    ConvertConfig,
+    ExportConfig,
+    FinetuneConfig,
+    KnnConfig,
+    LinprobeConfig,
+    PretrainConfig,
+    VisualizeConfig,
+    check_config,
+)
 from mae.data.sources import DataError
 from mae.importers import CheckpointError
 from mae.train.loop import TrainingError
 
-
-@dataclass(frozen=True)
-class VisualizeConfig:
-    images: list[str]
-    """Image files to show."""
-    checkpoint: str | None = None
-    """Reconstructions: a pretraining output folder, or any checkpoint `load_pretrained` reads."""
-    pretrained: str | None = None
-    """Attention maps (with --attention): an encoder export, an output folder, or any checkpoint."""
-    attention: bool = False
-    """Show the cls token's attention over the patches in the last block, per head and averaged."""
-    output: str = "reconstructions.png"
-    """Where the PNG grid goes."""
-    mask_ratio: float | None = None
-    """Fraction of patches to mask; null = the model's."""
-    seed: int = 0
-    """Seeds the masks."""
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    checkpoint: str
-    """A pretraining output folder, a checkpoint, or any file `load_pretrained` reads."""
-    output: str
-    """The .safetensors file to write (or the folder, with --format hf-folder)."""
-    format: Literal["safetensors", "hf-folder"] = "safetensors"
-    """safetensors: one file; hf-folder: model.safetensors + timm config.json + model card."""
-
-
-@dataclass(frozen=True)
-class ConvertConfig:
-    source: str
-    """An official .pth, a transformers ViTMAE folder or file, a timm MAE encoder, or our own files."""
-    output: str
-    """The .safetensors file to write."""
-    encoder_only: bool = False
-    """Write only the encoder, as `mae export` does."""
-    num_heads: int | None = None
-    """Encoder head count, for widths that do not tell it."""
-    decoder_num_heads: int | None = None
-    """Decoder head count, for widths that do not tell it."""
-
+# Each config field's docstring is its --help text.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 STAGES: dict[str, tuple[type, str]] = {
     "pretrain": (PretrainConfig, "Pretrain a ViT encoder by masked autoencoding."),
@@ -93,19 +69,81 @@ def parse(stage: str, argv: list[str]) -> Any:
     """Parse a stage's options into its frozen config dataclass."""
     parser = build_parser(stage)
     ns = parser.parse_args(argv)
-    if stage == "pretrain" and ns.data.path is None:
+    demo = stage == "pretrain" and ns.data.path is None
+    if demo:
         parser.set_defaults(DEMO_OVERRIDES)
         ns = parser.parse_args(argv)
+    ns = parser.instantiate(ns) if hasattr(parser, "instantiate") else parser.instantiate_classes(ns)
+    config_cls = STAGES[stage][0]
+    cfg = config_cls(**{f.name: ns[f.name] for f in fields(config_cls)})
+    check_config(cfg)
+    if demo:
         print(
             "mae pretrain: no --data.path given: training on the built-in demo photos (scikit-image)", file=sys.stderr
         )
-    ns = parser.instantiate(ns) if hasattr(parser, "instantiate") else parser.instantiate_classes(ns)
-    config_cls = STAGES[stage][0]
-    return config_cls(**{f.name: ns[f.name] for f in fields(config_cls)})
+    return cfg
 
 
-def _one_line(message: str) -> str:
-    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+def _one_line(message: object) -> str:
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    # argparse names a missing option by its destination ("required: output"); users type "--output".
+    return re.sub(
+        r"(arguments are required: )(.*)$",
+        lambda m: m.group(1) + ", ".join(f"--{a}" if a != "source" else a for a in m.group(2).split(", ")),
+        text,
+    )
+
+
+def _cause(e: BaseException) -> str:
+    """One line naming what failed: for an error re-raised from a DataLoader worker, the original
+    exception's last line, not the whole worker traceback."""
+    text = str(e)
+    if "Original Traceback" in text:
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+        return f"{last} (in a DataLoader worker)"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _save_traceback(cfg: Any) -> Path | None:
+    """The full traceback of the exception being handled, in the run's folder (one file per rank)."""
+    folder = Path(getattr(cfg, "output_dir", "") or ".")
+    if not getattr(cfg, "output_dir", None) or not folder.is_dir():
+        return None
+    rank = os.environ.get("RANK", "0")
+    path = folder / ("error.log" if rank == "0" else f"error-rank{rank}.log")
+    try:
+        path.write_text(traceback.format_exc())
+    except OSError:
+        return None
+    return path
+
+
+def _end_worker_processes() -> None:
+    """Kill what is left of DataLoader workers before multiprocessing's exit handler joins them.
+
+    After an exception the loader iterators stay referenced from the traceback, so their workers are
+    still alive at exit; multiprocessing then sends them SIGTERM, which they ignore (stop signals are
+    left to the training process), and joins them forever. Registered after multiprocessing's own
+    handler, this one runs first (atexit is last-in, first-out).
+    """
+    import multiprocessing
+    import signal
+
+    children = [p for p in multiprocessing.active_children() if p.daemon]
+    if not children:
+        return
+    # torch's SIGCHLD handler would report the killed workers as a crash: silence it meanwhile.
+    try:
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread
+        previous = None
+    for p in children:
+        p.kill()
+    for p in children:
+        p.join(timeout=5)
+    if previous is not None:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 def run_stage(stage: str, cfg: Any) -> None:
@@ -147,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines + ["", "mae <stage> --help lists every option."]))
         return 0 if argv else 2
     stage, rest = argv[0], argv[1:]
+    import multiprocessing.util  # noqa: F401 - its exit handler must be registered before ours
+
+    atexit.register(_end_worker_processes)
+    cfg = None
     try:
         cfg = parse(stage, rest)
         run_stage(stage, cfg)
@@ -159,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"mae {stage}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - whatever broke, the run ends with one line and exit 1, never hangs
+        log = _save_traceback(cfg)
+        where = f" (traceback in {log})" if log else ""
+        print(f"mae {stage}: failed: {_cause(e)}{where}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,10 +17,11 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-import mae
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.importers import CheckpointError, load_pretrained
 from mae.models.mae import MaskedAutoencoder
+from mae.train.checkpoint import follow_umask
+from mae.version import __version__
 
 _SIZES = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
 
@@ -46,6 +47,34 @@ def timm_architecture(model: MaskedAutoencoder) -> tuple[str, dict[str, Any]]:
     return name, args
 
 
+def describe_vit(args: dict[str, Any]) -> str:
+    """A ViT in words from its model args, e.g. "ViT 192 wide, 12 blocks, patch 8, 64x64" (timm's
+    architecture names fix a patch size and input that the args may change)."""
+    size = args["img_size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    return f"ViT {args['embed_dim']} wide, {args['depth']} blocks, patch {args['patch_size']}, {h}x{w}"
+
+
+def timm_pretrained_cfg(
+    input_size: list[int], mean: list[float], std: list[float], num_classes: int, crop_pct: float = 0.875
+) -> dict[str, Any]:
+    """timm's `pretrained_cfg` for an export: what `timm.data.resolve_data_config` reads (input size,
+    normalisation, crop), and the class count that tells timm to keep a trained head."""
+    return {
+        "tag": "mae",
+        "input_size": list(input_size),
+        "fixed_input_size": True,
+        "interpolation": "bicubic",
+        "crop_pct": crop_pct,
+        "crop_mode": "center",
+        "mean": list(mean),
+        "std": list(std),
+        "num_classes": num_classes,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
+
+
 def encoder_state_dict(model: MaskedAutoencoder) -> dict[str, torch.Tensor]:
     """The encoder's weights with timm key names, as contiguous unshared CPU tensors."""
     return {k: v.detach().cpu().contiguous().clone() for k, v in model.encoder.state_dict().items()}
@@ -57,6 +86,7 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
+    follow_umask(tmp)
     os.replace(tmp, path)  # a reader never sees half a file
     return path
 
@@ -65,17 +95,19 @@ def save_encoder(model: MaskedAutoencoder, path: str | os.PathLike, config: dict
     """Write encoder-only safetensors (timm keys) with metadata describing it."""
     arch, args = timm_architecture(model)
     data = (config or {}).get("data", {})
+    mean, std = list(data.get("mean", IMAGENET_MEAN)), list(data.get("std", IMAGENET_STD))
     metadata = {
         "format": "pt",
         "architecture": arch,
         "model_args": json.dumps(args),
+        "pretrained_cfg": json.dumps(timm_pretrained_cfg([model.in_chans, *model.img_size], mean, std, 0)),
         "img_size": json.dumps(args["img_size"]),
         "patch_size": str(model.patch_size),
         "num_heads": str(args["num_heads"]),
-        "mean": json.dumps(list(data.get("mean", IMAGENET_MEAN))),
-        "std": json.dumps(list(data.get("std", IMAGENET_STD))),
+        "mean": json.dumps(mean),
+        "std": json.dumps(std),
         "global_pool": args["global_pool"],
-        "mae_version": mae.__version__,
+        "mae_version": __version__,
     }
     if config is not None:
         metadata["config"] = json.dumps(config)
@@ -95,7 +127,7 @@ def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
     }
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     return _save(
-        tensors, Path(path), {"format": "pt", "mae_model_args": json.dumps(kwargs), "mae_version": mae.__version__}
+        tensors, Path(path), {"format": "pt", "mae_model_args": json.dumps(kwargs), "mae_version": __version__}
     )
 
 
@@ -131,19 +163,12 @@ def export_encoder(
     weights = save_encoder(model, folder / "model.safetensors", config)
     arch, args = timm_architecture(model)
     data = (config or {}).get("data", {})
-    pretrained_cfg = {
-        "tag": "mae",
-        "input_size": [model.in_chans, *model.img_size],
-        "fixed_input_size": True,
-        "interpolation": "bicubic",
-        "crop_pct": 0.875,
-        "crop_mode": "center",
-        "mean": list(data.get("mean", IMAGENET_MEAN)),
-        "std": list(data.get("std", IMAGENET_STD)),
-        "num_classes": 0,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-    }
+    pretrained_cfg = timm_pretrained_cfg(
+        [model.in_chans, *model.img_size],
+        list(data.get("mean", IMAGENET_MEAN)),
+        list(data.get("std", IMAGENET_STD)),
+        num_classes=0,
+    )
     hub_config = {
         "architecture": arch,
         "num_classes": 0,
@@ -310,17 +335,23 @@ def save_classifier(
     mean: list[float],
     std: list[float],
     config: dict[str, Any] | None = None,
+    crop_pct: float = 0.875,
 ) -> Path:
-    """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads."""
+    """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads, head
+    included, when given the `pretrained_cfg` in its metadata (see the README)."""
     args = {**args, "num_classes": len(classes)}
+    size = args["img_size"]
+    size = [size, size] if isinstance(size, int) else list(size)
+    pretrained_cfg = timm_pretrained_cfg([args.get("in_chans", 3), *size], mean, std, len(classes), crop_pct)
     metadata = {
         "format": "pt",
         "architecture": arch,
         "model_args": json.dumps(args),
+        "pretrained_cfg": json.dumps(pretrained_cfg),
         "classes": json.dumps(classes),
         "mean": json.dumps(list(mean)),
         "std": json.dumps(list(std)),
-        "mae_version": mae.__version__,
+        "mae_version": __version__,
     }
     if config is not None:
         metadata["config"] = json.dumps(config)

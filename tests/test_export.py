@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 
 import pytest
 import timm
@@ -97,3 +99,12 @@ def test_load_encoder_rejects_other_files(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="x.safetensors: not a readable safetensors file"):
         mae.load_encoder(tmp_path / "x.safetensors")
+
+
+def test_written_weights_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by colleagues, as the rest of a run's files

@@ -7,6 +7,7 @@ and `classes` (names, index = label).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mae.data.sources import DataError, FolderSource, HFSource, iter_image_files, load_hf_dataset
+from mae.data.sources import IMAGE_EXTENSIONS, DataError, FolderSource, HFSource, iter_image_files, load_hf_dataset
 from mae.data.transforms import load_image, sample_seed, split_bad
 
 
@@ -29,6 +30,7 @@ class LabeledFolder(FolderSource):
                 f"{option} {root}: a labeled folder needs one subfolder per class, and at least two classes "
                 f"(found {len(classes)})"
             )
+        _check_class_layout(root, classes, option)
         paths, labels = [], []
         for label, name in enumerate(classes):
             files = sorted(iter_image_files(root / name))
@@ -39,6 +41,35 @@ class LabeledFolder(FolderSource):
         super().__init__(root, paths)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.classes = classes
+
+
+def _images_in(folder: Path) -> list[str]:
+    """Names of the image files directly in `folder` (as `iter_image_files` counts them: links not followed)."""
+    return [
+        e.name
+        for e in os.scandir(folder)
+        if not e.is_dir(follow_symlinks=False) and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS
+    ]
+
+
+def _check_class_layout(root: Path, classes: list[str], option: str) -> None:
+    """Refuse folders whose subfolders are evidently not classes, rather than train on made-up labels."""
+    loose = _images_in(root)
+    if loose:
+        raise DataError(
+            f"{option} {root}: {len(loose)} images (e.g. {loose[0]}) sit directly in the folder, outside any class "
+            "subfolder; a labeled folder holds one subfolder per class with that class's images (unlabeled images "
+            "are for mae pretrain)"
+        )
+    if any(_images_in(root / c) for c in classes):
+        return
+    inner = [frozenset(e.name for e in os.scandir(root / c) if e.is_dir()) for c in classes]
+    if inner[0] and all(names == inner[0] for names in inner):
+        raise DataError(
+            f"{option} {root}: this looks like an unlabeled nested folder, not class folders: every subfolder "
+            f"({', '.join(classes[:4])}{', ...' if len(classes) > 4 else ''}) holds the same subfolders "
+            f"({', '.join(sorted(inner[0])[:4])}) and no images of its own; give each class its own subfolder"
+        )
 
 
 class LabeledHF(HFSource):
@@ -151,3 +182,52 @@ def collate_labeled(samples: list[dict]) -> dict:
         "index": torch.tensor([s["index"] for s in good]),
         "bad": bad,
     }
+
+
+def train_transform(
+    size: tuple[int, int],
+    *,
+    scale: tuple[float, float],
+    mean: tuple,
+    std: tuple,
+    auto_augment: str | None = None,
+    re_prob: float = 0.0,
+) -> Callable:
+    """timm's training transform (random-resized crop, flip, optional RandAugment and random erasing),
+    bicubic, with posterize made safe on Pillow >= 13 (see `_posterize`)."""
+    from timm.data import create_transform
+
+    transform = create_transform(
+        (3, *size),
+        is_training=True,
+        scale=tuple(scale),
+        hflip=0.5,
+        color_jitter=None,
+        auto_augment=auto_augment,
+        re_prob=re_prob,
+        re_mode="pixel",
+        re_count=1,
+        interpolation="bicubic",
+        mean=mean,
+        std=std,
+    )
+    from timm.data.auto_augment import posterize
+
+    for t in getattr(transform, "transforms", []):
+        policy = getattr(t, "ops", None) or [op for sub in getattr(t, "policy", []) for op in sub]
+        for op in policy:
+            if getattr(op, "aug_fn", None) is posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
+def _posterize(img, bits_to_keep: int, **kwargs):
+    """timm's posterize, keeping the reference meaning of 0 bits (a black image: TF's shift by 8, and
+    Pillow before 13). Pillow 13 refuses 0 bits, and the increasing posterize of `rand-m9-mstd0.5-inc1`
+    asks for 0 when the sampled magnitude reaches 10."""
+    from PIL import Image
+    from timm.data.auto_augment import posterize
+
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return posterize(img, bits_to_keep, **kwargs)

@@ -72,11 +72,21 @@ def load_loop_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
 
 def _fsync_tree(folder: Path) -> None:
-    """Flush every file so the rename never publishes a checkpoint the disk has not got."""
+    """Flush every file so the rename never publishes a checkpoint the disk has not got; give each the
+    permissions of the user's umask."""
     for p in folder.rglob("*"):
         if p.is_file():
+            follow_umask(p)
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Set a written file's mode to what the umask gives new files: safetensors writes 0600, which
+    colleagues on shared storage cannot read, while everything else a run writes follows the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def checkpoint_bytes(model, optimizer) -> int:

@@ -15,10 +15,10 @@ from timm.data import Mixup, create_transform
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import Lars
 
-from mae.config import ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
-from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
+from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
+from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
 from mae.data.samplers import EpochSampler
-from mae.export import build_classifier, encoder_source, save_classifier
+from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
 from mae.importers import CheckpointError
 from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
 from mae.train.features import extract_features, knn_scores, topk_accuracy
@@ -35,6 +35,7 @@ from mae.train.run import (
     open_accelerator,
     plain_model,
     train,
+    warn,
 )
 from mae.train.tasks import ClassifierTask
 
@@ -153,6 +154,7 @@ def _finish(accelerator, cfg, model, arch, args, classes, mean, std) -> Path:
             mean=list(mean),
             std=list(std),
             config=to_dict(cfg),
+            crop_pct=cfg.data.crop_pct,
         )
         accelerator.print(f"done: classifier in {path}, metrics in {out / 'metrics.jsonl'}")
     accelerator.end_training()
@@ -186,14 +188,28 @@ def _cached(accelerator, encoder, loader, cache: Path | None, name: str) -> tupl
     return feats, labels
 
 
-def probe_optimizer(head: torch.nn.Sequential, optim: Any, lr: float) -> torch.optim.Optimizer:
+def probe_optimizer_name(optim: Any, eff_batch: int, accelerator: Any) -> str:
+    """--optim.optimizer, with auto resolved by the effective batch (LARS needs large ones)."""
+    if optim.optimizer == "auto":
+        return "lars" if eff_batch >= LARS_MIN_BATCH else "sgd"
+    if optim.optimizer == "lars" and eff_batch < LARS_MIN_BATCH:
+        warn(
+            accelerator,
+            f"--optim.optimizer lars at an effective batch of {eff_batch}: LARS's trust ratio makes tiny steps "
+            f"below {LARS_MIN_BATCH} (batch 16: 41.7% top-1 against 94.4% with SGD on the same features); "
+            "use --optim.optimizer auto or sgd",
+        )
+    return optim.optimizer
+
+
+def probe_optimizer(head: torch.nn.Sequential, optim: Any, lr: float, name: str) -> torch.optim.Optimizer:
     """The head's optimizer; biases are never decayed (nor, with LARS, adapted by the trust ratio)."""
     fc = head[1]
-    if optim.optimizer == "lars":  # as the paper's LARS: the trust ratio applies to the weight matrix only
+    if name == "lars":  # as the paper's LARS: the trust ratio applies to the weight matrix only
         groups = [{"params": [fc.weight], "always_adapt": True}, {"params": [fc.bias], "weight_decay": 0.0}]
         return Lars(groups, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     groups = [{"params": [fc.weight]}, {"params": [fc.bias], "weight_decay": 0.0}]
-    if optim.optimizer == "sgd":
+    if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     return torch.optim.AdamW(groups, lr=lr, weight_decay=optim.weight_decay)
 
@@ -219,22 +235,7 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
         val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg, size), cache, "val")
         train_ds, val_ds, model, workers = FeatureSamples(*train_feats), FeatureSamples(*val_feats), head, 0
     else:
-        train_tf = (
-            create_transform(
-                (3, *size),
-                is_training=True,
-                scale=(0.08, 1.0),
-                hflip=0.5,
-                color_jitter=None,
-                auto_augment=None,
-                re_prob=0.0,
-                interpolation="bicubic",
-                mean=mean,
-                std=std,
-            )
-            if (cfg.augment)
-            else eval_tf
-        )
+        train_tf = train_transform(size, scale=(0.08, 1.0), mean=mean, std=std) if cfg.augment else eval_tf
         side = decode_side(size, math.sqrt(0.08 * 3 / 4)) if cfg.augment else decode_side(size, cfg.data.crop_pct)
         train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
         val_ds = LabeledSamples(val_src, eval_tf, decode_side=decode_side(size, cfg.data.crop_pct))
@@ -247,13 +248,17 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
     val_loader = make_loader(
         val_ds, batch_size=cfg.loop.batch_size, drop_last=False, collate_fn=collate_labeled, num_workers=workers
     )
-    lr, _ = effective_lr(cfg, accelerator)
-    optimizer = probe_optimizer(head, cfg.optim, lr)
+    lr, eff_batch = effective_lr(cfg, accelerator)
+    opt_name = probe_optimizer_name(cfg.optim, eff_batch, accelerator)
+    optimizer = probe_optimizer(head, cfg.optim, lr, opt_name)
     model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
     if cfg.loop.compile:
         model = compile_model(model, accelerator.device.type)
     task = ClassifierTask(model, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val_loader)
-    what = f"linear probe ({mode}, pool {cfg.model.pool}) on {len(train_ds)} images, {len(classes)} classes"
+    what = (
+        f"linear probe of a {describe_vit(args)} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
+        f"{len(train_ds)} images, {len(classes)} classes"
+    )
     train(
         cfg,
         task,
@@ -286,19 +291,8 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     )
     torch.nn.init.trunc_normal_(model.head.weight, std=2e-5)
     a = cfg.aug
-    train_tf = create_transform(
-        (3, *size),
-        is_training=True,
-        scale=a.crop_scale,
-        hflip=0.5,
-        color_jitter=None,
-        auto_augment=a.auto_augment,
-        re_prob=a.reprob,
-        re_mode="pixel",
-        re_count=1,
-        interpolation="bicubic",
-        mean=mean,
-        std=std,
+    train_tf = train_transform(
+        size, scale=a.crop_scale, mean=mean, std=std, auto_augment=a.auto_augment, re_prob=a.reprob
     )
     side = decode_side(size, math.sqrt(a.crop_scale[0] * 3 / 4))
     train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
@@ -313,6 +307,11 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     )
     val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg, size)
     mixup = None
+    if (a.mixup > 0 or a.cutmix > 0) and cfg.loop.batch_size % 2:
+        raise ConfigError(
+            f"--loop.batch_size {cfg.loop.batch_size}: mixup and cutmix pair the samples of a batch, so it must be "
+            "even; choose an even batch size or set --aug.mixup 0 --aug.cutmix 0"
+        )
     if a.mixup > 0 or a.cutmix > 0:
         mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=len(classes))
         criterion = SoftTargetCrossEntropy()
@@ -341,7 +340,7 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     task = ClassifierTask(
         model, accelerator=accelerator, criterion=criterion, val_loader=val_loader, mixup=mixup, ema=ema
     )
-    what = f"fine-tuning {arch} on {len(train_ds)} images, {len(classes)} classes"
+    what = f"fine-tuning a {describe_vit(args)} on {len(train_ds)} images, {len(classes)} classes"
     train(
         cfg,
         task,

@@ -184,10 +184,24 @@ def fit(
                 result = task.evaluate(state.epoch, final)
                 if result:
                     metrics.write({"step": state.step, "epoch": state.epoch, **result})
+                    if accelerator.is_main_process:
+                        tqdm.write(_eval_line(state.epoch, loop.epochs, result))
         bar.close()
         if not (output_dir / "checkpoints" / f"step_{state.step:08d}").exists():
             checkpoint()
     return state
+
+
+def _eval_line(epoch: int, epochs: int, result: dict[str, Any]) -> str:
+    """An evaluation for the console: "epoch 3/10: val loss 0.4123, top1 87.20%, top5 99.10% (600 images)"."""
+    parts = [f"{result.get('eval', 'eval')} loss {result['loss']:.4f}"]
+    for key in ("top1", "top5", "knn_top1", "knn_top5"):
+        if key in result:
+            parts.append(f"{key.replace('_', ' ')} {result[key]:.2f}%")
+    extra = f" ({result['samples']} images)" if "samples" in result else ""
+    if "preview" in result:
+        extra = f" ({result['preview']})"
+    return f"epoch {epoch}/{epochs}: " + ", ".join(parts) + extra
 
 
 class _Window:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from mae.config import ConfigError, flatten, to_dict
 from mae.train.checkpoint import checkpoint_bytes, list_checkpoints, load_loop_state
 from mae.train.loop import LoopState, Schedule, fit
 from mae.train.metrics import MetricsWriter
+from mae.train.schedule import lr_at
 
 
 def cpu_has_bf16() -> bool:
@@ -53,9 +56,11 @@ def check_output_dir(cfg: Any) -> None:
     out = Path(cfg.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        # A name of its own: processes that start together on one folder must not delete each other's probe.
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
+        os.write(fd, b"ok")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(
             f"--output_dir {cfg.output_dir}: cannot write there ({e.strerror or e}); choose a folder you can write to"
@@ -196,11 +201,20 @@ def train(
     if accelerator.log_with:
         accelerator.init_trackers("mae", config=flatten(to_dict(cfg)))
     eff_batch = cfg.loop.batch_size * cfg.loop.accum_steps * accelerator.num_processes
+    peak = peak_lr(schedule)
     accelerator.print(
-        f"{what}: effective batch {eff_batch}, lr {lr:.3g} (blr {cfg.optim.blr:g}), {steps_per_epoch} steps/epoch, "
-        f"{schedule.total_steps} steps, precision {accelerator.mixed_precision}, "
+        f"{what}: effective batch {eff_batch}, peak lr {peak:.3g} (blr {cfg.optim.blr:g}), "
+        f"{steps_per_epoch} steps/epoch, {schedule.total_steps} steps, precision {accelerator.mixed_precision}, "
         f"{accelerator.num_processes} process(es)"
     )
+    if cfg.optim.warmup_epochs >= cfg.loop.epochs:
+        warn(
+            accelerator,
+            f"--optim.warmup_epochs {cfg.optim.warmup_epochs:g} is not shorter than the run (--loop.epochs "
+            f"{cfg.loop.epochs}): the lr only rises to {peak:.3g}, {peak / lr:.0%} of the {lr:.3g} it warms up to, "
+            f"and never decays; set a warm-up that is a fraction of the run (e.g. --optim.warmup_epochs "
+            f"{cfg.loop.epochs / 10:g})",
+        )
     return fit(
         task,
         accelerator=accelerator,
@@ -214,6 +228,24 @@ def train(
         state=state,
         clip_grad=getattr(cfg.optim, "clip_grad", None),
     )
+
+
+def peak_lr(schedule: Schedule) -> float:
+    """The highest lr the run reaches: the base lr, unless the warm-up outlasts the run."""
+    last = min(schedule.warmup_steps, max(0, schedule.total_steps - 1))
+    return lr_at(
+        last,
+        base_lr=schedule.base_lr,
+        total_steps=schedule.total_steps,
+        warmup_steps=schedule.warmup_steps,
+        min_lr=schedule.min_lr,
+    )
+
+
+def warn(accelerator: Accelerator, message: str) -> None:
+    """A warning about the run's settings, once (main process), on stderr."""
+    if accelerator.is_main_process:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def configure_speed(model: torch.nn.Module, device_type: str, precision: str, attention: str = "auto") -> None:

@@ -11,7 +11,7 @@ from mae.config import ConfigError, PretrainConfig, to_dict
 from mae.data.samplers import EpochSampler
 from mae.data.sources import open_source
 from mae.data.transforms import PretrainSamples, collate_samples
-from mae.export import save_encoder
+from mae.export import describe_vit, save_encoder, timm_architecture
 from mae.importers import load_pretrained
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.train.features import KnnMonitor
@@ -137,7 +137,10 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         output_dir=output_dir,
         knn_monitor=knn_monitor(cfg, plain_model(accelerator, model).img_size),
     )
-    what = f"pretraining {cfg.model.name} on {len(samples)} images ({cfg.data.path or 'demo photos'})"
+    plain = plain_model(accelerator, model)
+    decoder = f"decoder {plain.decoder.embed.out_features} x {len(plain.decoder.blocks)}"
+    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(plain)[1])}, {decoder}"
+    what = f"pretraining {arch} on {len(samples)} images ({cfg.data.path or 'demo photos'})"
     train(
         cfg,
         task,

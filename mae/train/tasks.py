@@ -92,6 +92,8 @@ class ClassifierTask:
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         x, y = batch["image"], batch["label"]
         if self.mixup is not None:
+            if len(x) % 2:  # timm's Mixup pairs samples; a batch that lost a file to decoding drops one more
+                x, y = x[:-1], y[:-1]
             x, y = self.mixup(x, y)
         return {"loss": self.criterion(self.model(x), y)}
 

@@ -220,3 +220,13 @@ def test_compiled_finetune_and_knn_match_eager(tmp_path, labeled, encoder):
     assert run("knn", *args, "--output_dir", tmp_path / "knn") == 0
     assert run("knn", *args, "--loop.compile", "true", "--output_dir", tmp_path / "knn_compiled") == 0
     assert abs(evals(tmp_path / "knn")[0]["top1"] - evals(tmp_path / "knn_compiled")[0]["top1"]) < 1e-6
+
+
+def test_probe_optimizer_follows_the_batch_and_warns_of_lars_at_small_batches(tmp_path, labeled, encoder, capsys):
+    common = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 1, "--optim.warmup_epochs", 0]
+    assert run("linprobe", *common, "--output_dir", tmp_path / "auto") == 0
+    out = capsys.readouterr()
+    assert ", sgd) on" in out.out and "warning" not in out.err  # auto: SGD at an effective batch of 16
+    assert run("linprobe", *common, "--optim.optimizer", "lars", "--output_dir", tmp_path / "lars") == 0
+    err = capsys.readouterr().err
+    assert "warning: --optim.optimizer lars at an effective batch of 16" in err

@@ -321,9 +321,15 @@ def test_knn_monitor_logs_top1_at_each_evaluation(tmp_path):
 
 
 def test_compile_without_a_cpp_compiler_is_one_line(tmp_path, capsys, monkeypatch):
-    from torch._inductor import config as inductor_config
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-c++",))
+    def no_compiler():
+        raise InvalidCxxCompiler()
+
+    # Patch the probe, not inductor's config: undoing a patch of `cpp.cxx` leaves the setting missing for
+    # every later test in the process.
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
     make_images(tmp_path / "imgs", n=8)
     code = run("--data.path", tmp_path / "imgs", "--loop.batch_size", 4, "--loop.compile", "true",
                "--output_dir", tmp_path / "out")  # fmt: skip

@@ -1,0 +1,73 @@
+"""Labeled data: the fine-tuning transform at every augmentation and magnitude."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mae.config import AugmentConfig
+from mae.data.labeled import train_transform
+
+
+def _image(seed=0):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+
+
+def _randaugment(transform):
+    found = [t for t in transform.transforms if hasattr(t, "ops")]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("magnitude", [0, 5, 9, 10])  # rand-m9-mstd0.5 samples magnitudes in [0, 10]
+def test_every_randaugment_op_runs_at_every_magnitude(magnitude):
+    policy = AugmentConfig().auto_augment.replace("m9", f"m{magnitude}").replace("mstd0.5", "mstd0")
+    tf = train_transform((32, 32), scale=(0.08, 1.0), mean=(0.5,) * 3, std=(0.5,) * 3, auto_augment=policy)
+    ops = _randaugment(tf).ops
+    assert len(ops) >= 14
+    for op in ops:
+        op.prob = 1.0
+        out = op(_image())
+        assert out.size == (48, 40) and out.mode == "RGB", op.name
+    names = {op.name for op in ops}
+    assert "PosterizeIncreasing" in names
+
+
+def test_posterize_at_the_top_magnitude_keeps_the_reference_meaning():
+    tf = train_transform(
+        (32, 32), scale=(0.08, 1.0), mean=(0.5,) * 3, std=(0.5,) * 3, auto_augment="rand-m10-mstd0-inc1"
+    )
+    op = next(op for op in _randaugment(tf).ops if op.name == "PosterizeIncreasing")
+    op.prob = 1.0
+    assert np.asarray(op(_image())).max() == 0  # 0 bits kept: black, as TF's reference and Pillow < 13 gave
+
+
+def test_the_default_finetune_transform_runs_many_times():
+    a = AugmentConfig()
+    tf = train_transform((32, 32), scale=a.crop_scale, mean=(0.5,) * 3, std=(0.5,) * 3, auto_augment=a.auto_augment,
+                         re_prob=a.reprob)  # fmt: skip
+    for seed in range(300):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        x = tf(_image(seed))
+        assert x.shape == (3, 32, 32) and torch.isfinite(x).all()
+
+
+def test_folders_that_are_not_class_folders_are_refused(tmp_path):
+    from mae.data.labeled import LabeledFolder
+    from mae.data.sources import DataError
+    from tests.conftest import make_images, make_labeled
+
+    make_images(tmp_path / "nested", n=12)  # a0/b0, a0/b1, a1/b0, ...: an unlabeled photo tree
+    with pytest.raises(DataError, match="unlabeled nested folder"):
+        LabeledFolder(tmp_path / "nested")
+    loose = make_labeled(tmp_path / "loose", per_class=2)
+    Image.new("RGB", (8, 8)).save(loose / "stray.png")
+    with pytest.raises(DataError, match="outside any class subfolder"):
+        LabeledFolder(loose)
+    deep = make_labeled(tmp_path / "deep", per_class=2)
+    for name in ("red", "green", "blue"):  # classes with their own nesting below them still work
+        (deep / name / "more").mkdir()
+        Image.new("RGB", (8, 8)).save(deep / name / "more" / "x.png")
+    assert len(LabeledFolder(deep)) == 9
