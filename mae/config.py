@@ -99,6 +99,10 @@ class ModelConfig:
     """Decoder attention heads; null keeps the preset's."""
     mask_ratio: float = ranged(0.75, ge=0, lt=1)
     """Fraction of patches removed per sample; 75% is the paper's optimum."""
+    masking: str = "random"
+    """Which patches a sample keeps: random (the paper's), block (BEiT's removed rectangles), inverse_block
+    (data2vec 2.0's kept rectangles), grid (one patch of each 2x2 cell; mask ratio 0.75), or any registered
+    with `mae.models.masking.register_mask`."""
     norm_pix_loss: bool = True
     """Regress per-patch normalised pixels (better representations, paper Table 1d)."""
     grad_checkpointing: bool = False
@@ -394,6 +398,8 @@ class VisualizeConfig:
     """Where the PNG grid goes."""
     mask_ratio: float | None = ranged(None, ge=0, lt=1)
     """Fraction of patches to mask; null = the model's."""
+    masking: str | None = None
+    """Mask generator (see mae pretrain --help); null = the run's (its config.yaml), else random."""
     seed: int = ranged(0, ge=0)
     """Seeds the masks."""
 

@@ -1,5 +1,7 @@
 """The pretraining sample: a random-resized crop, a flip and a mask, all drawn from (seed, epoch, index).
 
+The mask is drawn here, once per sample, by the chosen mask generator; the model receives it as noise.
+
 Drawing every random choice of a sample from its own seed (not from per-process RNG state) makes a
 run give the same crops and masks whatever the number of processes or workers, and wherever it
 was resumed.
@@ -14,6 +16,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import InterpolationMode, RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
+
+from mae.models.masking import mask_generator, num_visible
 
 # The errors a broken image file raises on open or decode.
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError)
@@ -41,7 +45,8 @@ def split_bad(samples: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
 
 class PretrainSamples(torch.utils.data.Dataset):
     """`dataset[(epoch, index)]` -> {"image": uint8 [3, H, W], "noise": [L], "index": int}, or
-    {"bad": (name, reason)} when the file cannot be decoded."""
+    {"bad": (name, reason)} when the file cannot be decoded. `noise` comes from the `masking` generator
+    (`mae.models.masking`): the model keeps the `int(L * (1 - mask_ratio))` patches of lowest noise."""
 
     def __init__(
         self,
@@ -52,10 +57,14 @@ class PretrainSamples(torch.utils.data.Dataset):
         seed: int,
         crop_scale: tuple[float, float] = (0.2, 1.0),
         hflip: bool = True,
+        masking: str = "random",
+        mask_ratio: float = 0.75,
     ) -> None:
         self.source = source
         self.img_size = img_size
-        self.num_patches = (img_size[0] // patch_size) * (img_size[1] // patch_size)
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.num_keep = num_visible(self.grid_size[0] * self.grid_size[1], mask_ratio)
+        self.mask_generator = mask_generator(masking)
         self.seed = seed
         self.crop_scale = crop_scale
         self.hflip = hflip
@@ -77,7 +86,7 @@ class PretrainSamples(torch.utils.data.Dataset):
             torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
             top, left, h, w = RandomResizedCrop.get_params(img, scale=list(self.crop_scale), ratio=[3 / 4, 4 / 3])
             flip = self.hflip and torch.rand(()) < 0.5
-            noise = torch.rand(self.num_patches)
+            noise = self.mask_generator(self.grid_size, self.num_keep, torch.default_generator)
         img = F.resized_crop(img, top, left, h, w, list(self.img_size), interpolation=InterpolationMode.BICUBIC)
         if flip:
             img = F.horizontal_flip(img)

@@ -13,6 +13,7 @@ from mae.data.sources import open_source
 from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import describe_vit, save_encoder, timm_architecture
 from mae.importers import load_pretrained
+from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.train.features import KnnMonitor
 from mae.train.run import (
@@ -68,6 +69,7 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
                 f"--model.{width} {arch[width]} / --model.{heads} {arch[heads]}: the width must be a multiple of 4 "
                 "and of the head count"
             )
+    check_masking(cfg.model.masking, (hw[0] // patch, hw[1] // patch), cfg.model.mask_ratio, "--model.masking")
     checks = [
         ("model.mask_ratio", cfg.model.mask_ratio, 0.0 <= cfg.model.mask_ratio < 1.0, "in [0, 1)"),
         ("loop.epochs", cfg.loop.epochs, cfg.loop.epochs >= 1, ">= 1"),
@@ -93,6 +95,14 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
     check_output_dir(cfg)
 
 
+def check_masking(name: str, grid: tuple[int, int], mask_ratio: float, option: str) -> None:
+    """The mask generator exists and accepts this grid and ratio (tried once, before any work)."""
+    try:
+        mask_generator(name)(grid, num_visible(grid[0] * grid[1], mask_ratio), torch.Generator().manual_seed(0))
+    except ValueError as e:
+        raise ConfigError(f"{option} {name}: {e}") from None
+
+
 def run_pretrain(cfg: PretrainConfig) -> Path:
     """Pretrain per `cfg`; returns the output folder."""
     validate_pretrain(cfg)
@@ -111,6 +121,8 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         seed=cfg.seed,
         crop_scale=cfg.data.crop_scale,
         hflip=cfg.data.hflip,
+        masking=cfg.model.masking,
+        mask_ratio=cfg.model.mask_ratio,
     )
     sampler = EpochSampler(len(samples), cfg.seed)
     check_batch_fits(len(samples), cfg, accelerator)
@@ -238,13 +250,17 @@ def run_visualize(cfg) -> Path:
         raise ConfigError("--checkpoint: required (a pretraining output folder or a checkpoint with a decoder)")
     model = load_pretrained(cfg.checkpoint)
     config_file = Path(cfg.checkpoint) / "config.yaml"
-    data = yaml.safe_load(config_file.read_text()).get("data", {}) if config_file.exists() else {}
+    run = yaml.safe_load(config_file.read_text()) if config_file.exists() else {}
+    data = run.get("data", {})
     mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
     images = _read_images(cfg.images, model.img_size)
-    g = torch.Generator().manual_seed(cfg.seed)
-    noise = torch.rand(len(images), model.num_patches, generator=g)
     if cfg.mask_ratio is not None:
         model.mask_ratio = cfg.mask_ratio
+    masking = cfg.masking or run.get("model", {}).get("masking", "random")
+    check_masking(masking, model.grid_size, model.mask_ratio, "--masking")
+    g = torch.Generator().manual_seed(cfg.seed)
+    keep = num_visible(model.num_patches, model.mask_ratio)
+    noise = torch.stack([mask_generator(masking)(model.grid_size, keep, g) for _ in images])
     grid, loss = reconstruction_grid(model, images, noise, mean, std)
     path = save_grid(grid, cfg.output)
     print(f"wrote {path} ({len(images)} images, loss {loss:.4f})")

@@ -14,6 +14,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from mae.cli import main
+from mae.models.masking import list_masks
 from tests.conftest import make_images
 
 FAST = [
@@ -73,9 +74,12 @@ def test_pretrain_converges_and_leaves_the_output_folder(tmp_path):
     vit.load_state_dict(load_file(out / "encoder.safetensors"), strict=True)
 
 
-def test_resume_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("masking", list_masks())
+def test_resume_is_bit_identical(tmp_path, masking):
     make_images(tmp_path / "imgs", n=24)
     args = [
+        "--model.masking",
+        masking,
         "--data.path",
         tmp_path / "imgs",
         "--loop.epochs",
@@ -127,9 +131,10 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("masking", ["random", "block"])
+def test_two_processes_match_one(tmp_path, masking):
     make_images(tmp_path / "imgs", n=32)
-    common = [*FAST, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2"]
+    common = [*FAST, "--model.masking", masking, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -194,6 +199,8 @@ def test_corrupt_files_are_skipped_and_counted(tmp_path):
         (["--optim.blrr", "1e-3"], "unrecognized arguments: --optim.blrr"),
         (["--loop.batch_size", "many"], "loop.batch_size"),
         (["--loop.batch_size", "64"], "cannot fill one batch"),
+        (["--model.masking", "stripes"], "--model.masking stripes: unknown masking 'stripes'; choose one of: block,"),
+        (["--model.masking", "grid", "--model.mask_ratio", "0.5"], "--model.masking grid: grid masking keeps one"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):
