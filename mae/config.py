@@ -103,6 +103,11 @@ class ModelConfig:
     """Which patches a sample keeps: random (the paper's), block (BEiT's removed rectangles), inverse_block
     (data2vec 2.0's kept rectangles), grid (one patch of each 2x2 cell; mask ratio 0.75), or any registered
     with `mae.models.masking.register_mask`."""
+    decoder: str = "mae"
+    """mae: the paper's decoder (self-attention over every patch); cross: CrossMAE's (mask tokens attend to the
+    encoder's tokens only, for --model.predict_ratio of the masked patches). The encoder export is the same."""
+    predict_ratio: float = ranged(1.0, gt=0, le=1)
+    """With --model.decoder cross: the fraction of the masked patches predicted (and in the loss)."""
     norm_pix_loss: bool = True
     """Regress per-patch normalised pixels (better representations, paper Table 1d)."""
     grad_checkpointing: bool = False

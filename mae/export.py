@@ -23,28 +23,19 @@ from mae.models.mae import MaskedAutoencoder
 from mae.train.checkpoint import follow_umask
 from mae.version import __version__
 
-_SIZES = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
-
 
 def timm_architecture(model: MaskedAutoencoder) -> tuple[str, dict[str, Any]]:
-    """(a timm ViT name, the model args that make it exactly our encoder)."""
+    """(the encoder's timm architecture, the model args that make it exactly our encoder):
+    `timm.create_model(name, **args)` rebuilds it."""
     enc = model.encoder
-    width = min(_SIZES, key=lambda w: abs(w - enc.embed_dim))
-    size = _SIZES[width]
-    # The exact timm name when one exists; else a ViT of that width (model_args make it exact).
-    candidates = [f"vit_{size}_patch{model.patch_size}_224", *timm.list_models(f"vit_{size}_patch*_224")]
-    name = next(c for c in candidates if timm.is_model(c))
     args = {
-        "img_size": list(model.img_size),
-        "patch_size": model.patch_size,
-        "in_chans": model.in_chans,
+        **model.encoder_args,
         "embed_dim": enc.embed_dim,
         "depth": len(enc.blocks),
         "num_heads": enc.blocks[0].attn.num_heads,
-        "mlp_ratio": enc.blocks[0].mlp.fc1.out_features / enc.embed_dim,
         "global_pool": enc.global_pool,
     }
-    return name, args
+    return model.encoder_arch, args
 
 
 def describe_vit(args: dict[str, Any]) -> str:
@@ -124,6 +115,9 @@ def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
         "decoder_num_heads": model.decoder.blocks[0].attn.num_heads if len(model.decoder.blocks) else 16,
         "mask_ratio": model.mask_ratio,
         "norm_pix_loss": model.norm_pix_loss,
+        "encoder_arch": model.encoder_arch,
+        "decoder": model.decoder_name,
+        "predict_ratio": getattr(model.decoder, "predict_ratio", 1.0),
     }
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     return _save(
@@ -302,8 +296,13 @@ def build_classifier(
     encoder's final norm is dropped and `fc_norm` starts fresh, as the official code does.
     A different `img_size` resamples the position embedding (timm's checkpoint filter).
     """
+    import warnings
+
     from timm.models.vision_transformer import checkpoint_filter_fn
 
+    if global_pool == "token" and not _has_class_token(source):
+        warnings.warn(f"{source['arch']} has no class token: pooling the patch tokens' average instead", stacklevel=2)
+        global_pool = "avg"
     args = {**source["args"], "global_pool": global_pool, "drop_path_rate": drop_path_rate}
     if fc_norm is not None:
         args["fc_norm"] = fc_norm
@@ -311,10 +310,13 @@ def build_classifier(
         args["img_size"] = [img_size, img_size] if isinstance(img_size, int) else list(img_size)
     model = timm.create_model(source["arch"], pretrained=False, num_classes=num_classes, **args)
     state = checkpoint_filter_fn(dict(source["state"]), model)
-    if isinstance(model.norm, torch.nn.Identity):
-        state = {k: v for k, v in state.items() if not k.startswith("norm.")}
+    for name in ("norm", "fc_norm"):  # norms this classifier does not have
+        if isinstance(getattr(model, name), torch.nn.Identity):
+            state = {k: v for k, v in state.items() if not k.startswith(f"{name}.")}
     result = model.load_state_dict(state, strict=False)
-    fresh = [k for k in result.missing_keys if not k.startswith(("head.", "fc_norm."))]
+    # Fresh: the head, fc_norm, and the final norm of an encoder that had none (timm's "gap" ViTs).
+    new = ("head.", "fc_norm.") + (("norm.",) if "norm.weight" not in source["state"] else ())
+    fresh = [k for k in result.missing_keys if not k.startswith(new)]
     if fresh or result.unexpected_keys:
         raise CheckpointError(
             f"the encoder does not fit {source['arch']}: missing {fresh}, unexpected {result.unexpected_keys}"
@@ -323,6 +325,12 @@ def build_classifier(
         torch.nn.init.zeros_(model.head.bias)
     args = {k: v for k, v in args.items() if k != "drop_path_rate"}
     return model, source["arch"], args
+
+
+def _has_class_token(source: dict[str, Any]) -> bool:
+    args = {k: v for k, v in source["args"].items() if k != "global_pool"}
+    with torch.device("meta"):  # no memory, no init: only the structure matters
+        return timm.create_model(source["arch"], pretrained=False, num_classes=0, **args).cls_token is not None
 
 
 def save_classifier(

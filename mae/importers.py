@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from mae.models.mae import MaskedAutoencoder
+from mae.models.registry import preset_config, preset_matching
 
 # transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x in-memory
 # `layers.N.attention.q_proj` spellings) -> this project's names. Attention q/k/v are fused below.
@@ -184,9 +185,6 @@ class CheckpointError(ValueError):
     """A file that cannot be loaded as an MAE checkpoint; the message names it and says why."""
 
 
-_HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
-
-
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict, string metadata) of a safetensors or PyTorch file; never runs pickled code."""
     if path.suffix == ".safetensors":
@@ -251,10 +249,14 @@ def infer_model_kwargs(state: dict[str, torch.Tensor], hints: dict[str, Any], pa
     if "img_size" not in hints and side * side != length:
         raise CheckpointError(f"{path}: {length} patches are not a square grid; pass img_size=(H, W)")
     kw["img_size"] = side * patch
-    kw["num_heads"] = _HEADS_BY_WIDTH.get(embed_dim)
+    preset = preset_matching(embed_dim=embed_dim) or {}
+    kw["num_heads"] = preset.get("num_heads")
+    kw["encoder_arch"] = preset.get("encoder_arch", "vit_base_patch16_224")
     if "decoder.embed.weight" in state:
         dec = state["decoder.embed.weight"].shape[0]
         kw.update(decoder_embed_dim=dec, decoder_depth=_count(state, "decoder.blocks."), decoder_num_heads=dec // 32)
+        if "decoder.blocks.0.mlp.fc1.weight" in state:
+            kw["decoder_mlp_ratio"] = state["decoder.blocks.0.mlp.fc1.weight"].shape[0] / dec
     kw.update({k: v for k, v in hints.items() if v is not None})
     if kw["num_heads"] is None:
         raise CheckpointError(f"{path}: cannot tell the head count of a {embed_dim}-wide ViT; pass num_heads=")
@@ -354,9 +356,9 @@ def _grid_of(state: dict[str, torch.Tensor]) -> tuple[int, int] | None:
 def _run_hints(config_yaml: Path) -> dict[str, Any]:
     import yaml
 
-    from mae.models.registry import preset_config
-
     m = yaml.safe_load(config_yaml.read_text())["model"]
-    hints = {k: v for k, v in preset_config(m["name"]).items() if k.endswith("num_heads")}
+    hints = {k: v for k, v in preset_config(m["name"]).items() if k == "encoder_arch" or k.endswith("num_heads")}
+    hints.update({k: m[k] for k in ("num_heads", "decoder_num_heads") if m.get(k) is not None})
     hints.update(img_size=m["img_size"], mask_ratio=m["mask_ratio"], norm_pix_loss=m["norm_pix_loss"])
+    hints.update({k: m[k] for k in ("decoder", "predict_ratio") if k in m})
     return hints

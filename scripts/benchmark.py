@@ -8,8 +8,10 @@ steps are excluded and reported apart.
     python scripts/benchmark.py --preset base --precision bf16
     python scripts/benchmark.py --preset base --device cuda --batch 256
     python scripts/benchmark.py --recipe recipes/fashion_mnist/pretrain.yaml --precision bf16 --batch 128 [--compile]
+    python scripts/benchmark.py --preset small --peer cross [--predict_ratio 0.25]   # our two decoders
 
-The last line reads `ratio_fp32=... ratio_bf16=...` (ours / transformers, images per second).
+The last line reads `ratio_fp32=... ratio_bf16=...` (ours / the peer, images per second). With
+`--peer cross` the peer is this project's step with CrossMAE's decoder (same encoder and masks).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ PRESETS = {"small": "mae_vit_small_patch16", "base": "mae_vit_base_patch16", "la
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def our_model(args: argparse.Namespace) -> mae.MaskedAutoencoder:
+def our_model(args: argparse.Namespace, **overrides) -> mae.MaskedAutoencoder:
     """The preset at 224 px, or the model section of a pretraining recipe (--recipe)."""
     if args.recipe:
         kwargs = yaml.safe_load(Path(args.recipe).read_text())["model"]
-        return mae.create_mae(kwargs.pop("name", "mae_vit_base_patch16"), **kwargs)
-    return mae.create_mae(PRESETS[args.preset], img_size=224)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("masking", "grad_checkpointing")}
+        return mae.create_mae(kwargs.pop("name", "mae_vit_base_patch16"), **{**kwargs, **overrides})
+    return mae.create_mae(PRESETS[args.preset], img_size=224, **overrides)
 
 
 def build_ours(model: mae.MaskedAutoencoder, device: str, precision: str, compile_model: bool):
@@ -110,10 +113,13 @@ def measure(args: argparse.Namespace, precision: str) -> dict[str, dict[str, flo
     ours = our_model(args)
     images = torch.randint(0, 256, (args.batch, ours.in_chans, *ours.img_size), dtype=torch.uint8, device=device)
     noise = torch.rand(args.batch, ours.num_patches, device=device)
-    runners = {
-        "ours": build_ours(ours, device, precision, args.compile)[1],
-        "transformers": build_transformers(ours, device)[1],
-    }
+    if args.peer == "transformers":
+        peer = build_transformers(ours, device)[1]
+    else:
+        torch.manual_seed(0)
+        cross = our_model(args, decoder="cross", predict_ratio=args.predict_ratio)
+        peer = build_ours(cross, device, precision, args.compile)[1]
+    runners = {"ours": build_ours(ours, device, precision, args.compile)[1], args.peer: peer}
     result: dict[str, dict[str, float]] = {name: {} for name in runners}
     for name, step in runners.items():  # warm-up (and compilation) apart from the timed steps
         start = time.perf_counter()
@@ -148,6 +154,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="torch.compile ours (mae pretrain --loop.compile true)")
     parser.add_argument("--recipe", help="a pretraining recipe whose model section replaces --preset")
+    parser.add_argument(
+        "--peer",
+        choices=["transformers", "cross"],
+        default="transformers",
+        help="what ours is compared with: transformers' ViTMAE, or our step with the cross decoder",
+    )
+    parser.add_argument("--predict_ratio", type=float, default=1.0, help="with --peer cross")
     args = parser.parse_args()
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     cores = torch.get_num_threads()
@@ -162,13 +175,13 @@ def main() -> None:
     ratios = {}
     for precision in precisions:
         r = measure(args, precision)
-        for name in ("ours", "transformers"):
+        for name in ("ours", args.peer):
             m = r[name]
             print(
                 f"| {precision} | {name} | {m['img_s']:.1f} | {m['ms']:.0f} | {m['tflops']:.3f} | "
                 f"{m['flops'] / args.batch / 1e9:.1f} | {m['warmup_s']:.1f} |"
             )
-        ratios[precision] = r["ours"]["img_s"] / r["transformers"]["img_s"]
+        ratios[precision] = r["ours"]["img_s"] / r[args.peer]["img_s"]
     print()
     print(" ".join(f"ratio_{p}={v:.2f}" for p, v in ratios.items()))
 

@@ -1,52 +1,144 @@
-"""The MAE encoder: a plain timm `VisionTransformer` with a fixed sine-cosine position embedding.
+"""The MAE's encoder: a timm model driven through a small interface, with fixed sine-cosine positions.
 
-Using timm's class itself (not a copy) keeps the weights timm-native: the encoder exports with
-timm's key names and `forward_features` is timm's own code path.
+The MAE never touches a backbone's attributes. It asks an `EncoderAdapter` to embed the patches
+(with their positions, plus the backbone's prefix tokens), runs the adapter's blocks on the prefix
+tokens and the kept patches, and takes its norm. `TimmViT` implements that once for timm's
+`VisionTransformer`, whatever its prefix tokens (a class token, register tokens, both, or none).
+A new backbone family is one file: a subclass of `EncoderAdapter` plus `register_encoder(cls)`.
+
+The encoder module itself stays the timm model (not a copy or a wrapper), so it exports with timm's
+key names and `forward_features` is timm's own code path.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
+import timm
 import torch
+from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from mae.models.pos_embed import sincos_2d
 
 
+class EncoderAdapter(ABC):
+    """How the MAE drives a backbone module (held, not owned: the module stays the backbone's own)."""
+
+    module_type: type[nn.Module]  # the backbone class this adapter drives
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @property
+    @abstractmethod
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches in the sequence (class, register tokens); their output is not a patch."""
+
+    @property
+    @abstractmethod
+    def embed_dim(self) -> int: ...
+
+    @abstractmethod
+    def embed(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`imgs` [N, C, H, W] -> (prefix tokens [N, P, D], patch tokens [N, L, D]), each with its position."""
+
+    @abstractmethod
+    def blocks(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run the transformer on [N, P + K, D] tokens (any K: the visible patches only)."""
+
+    @abstractmethod
+    def norm(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm of the token sequence."""
+
+    @abstractmethod
+    def set_position_table(self, grid_size: tuple[int, int]) -> None:
+        """Make the patch positions the fixed 2-D sine-cosine table (the MAE's), frozen."""
+
+
+_ADAPTERS: list[type[EncoderAdapter]] = []
+
+
+def register_encoder(cls: type[EncoderAdapter]) -> type[EncoderAdapter]:
+    """Decorator: let the MAE drive modules of `cls.module_type` through `cls`."""
+    _ADAPTERS.append(cls)
+    return cls
+
+
+def encoder_adapter(module: nn.Module) -> EncoderAdapter:
+    """The adapter for a backbone module; TypeError when no registered adapter drives its class."""
+    for cls in reversed(_ADAPTERS):  # the latest registration wins, so a subclass can be specialised
+        if isinstance(module, cls.module_type):
+            return cls(module)
+    raise TypeError(f"no encoder adapter drives a {type(module).__name__}; register one with register_encoder")
+
+
+@register_encoder
+class TimmViT(EncoderAdapter):
+    """timm's `VisionTransformer`: class token or not, register tokens or not, position rows for the
+    prefix tokens or not (`no_embed_class`), exactly as timm's own forward adds them."""
+
+    module_type = VisionTransformer
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.module.num_prefix_tokens
+
+    @property
+    def embed_dim(self) -> int:
+        return self.module.embed_dim
+
+    def embed(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        vit = self.module
+        # timm's own positional step (its only form: no public method gives "tokens with position"), so
+        # every prefix-token variant is positioned exactly as in `forward_features`.
+        x = vit._pos_embed(vit.patch_embed(imgs))
+        return x[:, : vit.num_prefix_tokens], x[:, vit.num_prefix_tokens :]
+
+    def blocks(self, tokens: torch.Tensor) -> torch.Tensor:
+        vit = self.module
+        x = vit.norm_pre(tokens)
+        if vit.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint_seq(vit.blocks, x)
+        return vit.blocks(x)
+
+    def norm(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.module.norm(tokens)
+
+    def set_position_table(self, grid_size: tuple[int, int]) -> None:
+        set_sincos_pos_embed(self.module.pos_embed, grid_size)  # no prefix rows with no_embed_class
+
+
 def create_encoder(
+    arch: str = "vit_base_patch16_224",
     *,
     img_size: int | tuple[int, int] = 224,
-    patch_size: int = 16,
+    patch_size: int | None = None,
     in_chans: int = 3,
-    embed_dim: int = 768,
-    depth: int = 12,
-    num_heads: int = 12,
-    mlp_ratio: float = 4.0,
-    global_pool: str = "token",
     drop_path_rate: float = 0.0,
-) -> VisionTransformer:
-    """A timm ViT (no head) with the MAE's frozen 2-D sine-cosine position embedding."""
-    encoder = VisionTransformer(
-        img_size=img_size,
-        patch_size=patch_size,
-        in_chans=in_chans,
-        num_classes=0,
-        global_pool=global_pool,
-        embed_dim=embed_dim,
-        depth=depth,
-        num_heads=num_heads,
-        mlp_ratio=mlp_ratio,
-        qkv_bias=True,
-        drop_path_rate=drop_path_rate,
-        weight_init="skip",  # the MAE initialisation below replaces timm's
+    **arch_overrides: object,
+) -> nn.Module:
+    """A timm backbone `arch` (no head), sized by the given options, with the MAE's fixed sine-cosine
+    patch positions. `arch_overrides` (embed_dim, depth, num_heads, mlp_ratio, ...) change the
+    architecture's own values; those left out keep them."""
+    kwargs = {"img_size": img_size, "in_chans": in_chans, **arch_overrides}
+    if patch_size is not None:
+        kwargs["patch_size"] = patch_size
+    encoder = timm.create_model(
+        arch, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, weight_init="skip", **kwargs
     )
-    set_sincos_pos_embed(encoder.pos_embed, tuple(encoder.patch_embed.grid_size))
+    adapter = encoder_adapter(encoder)
+    adapter.set_position_table(tuple(encoder.patch_embed.grid_size))
     return encoder
 
 
 def set_sincos_pos_embed(pos_embed: nn.Parameter, grid_size: tuple[int, int]) -> None:
-    """Fill a [1, 1 + gh*gw, D] position embedding with the sine-cosine table and freeze it."""
-    table = sincos_2d(pos_embed.shape[-1], grid_size, cls_token=True)
+    """Fill a [1, P + gh*gw, D] position embedding with the sine-cosine table (P leading zero rows, for
+    prefix tokens) and freeze it."""
+    prefix_rows = pos_embed.shape[1] - grid_size[0] * grid_size[1]
+    table = sincos_2d(pos_embed.shape[-1], grid_size)
+    table = torch.cat([torch.zeros(prefix_rows, table.shape[1], dtype=table.dtype), table])
     with torch.no_grad():
         pos_embed.copy_(table.unsqueeze(0))
     pos_embed.requires_grad_(False)
@@ -56,7 +148,7 @@ def init_mae_weights(model: nn.Module) -> None:
     """The official MAE initialisation of every module below `model`.
 
     Linear layers xavier-uniform with zero bias, LayerNorms (1, 0), the patch projection
-    xavier-uniform as if it were a linear layer, cls and mask tokens normal(std=0.02).
+    xavier-uniform as if it were a linear layer, cls, register and mask tokens normal(std=0.02).
     Position embeddings are fixed tables and stay as they are.
     """
     for name, module in model.named_modules():
@@ -73,5 +165,5 @@ def init_mae_weights(model: nn.Module) -> None:
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
     for name, param in model.named_parameters():
-        if name.endswith(("cls_token", "mask_token")):
+        if name.endswith(("cls_token", "reg_token", "mask_token")):
             nn.init.normal_(param, std=0.02)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
-from mae.models.decoder import MAEDecoder
-from mae.models.encoder import create_encoder, init_mae_weights
+from mae.models.decoder import DECODERS
+from mae.models.encoder import EncoderAdapter, create_encoder, encoder_adapter, init_mae_weights
 from mae.models.masking import Masking, gather_tokens, random_masking
 from mae.models.patches import patchify, unpatchify
 
@@ -37,56 +36,81 @@ class MaskedAutoencoder(nn.Module):
         self,
         *,
         img_size: int | tuple[int, int] = 224,
-        patch_size: int = 16,
+        patch_size: int | None = None,
         in_chans: int = 3,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
+        embed_dim: int | None = None,
+        depth: int | None = None,
+        num_heads: int | None = None,
+        mlp_ratio: float | None = None,
         decoder_embed_dim: int = 512,
         decoder_depth: int = 8,
         decoder_num_heads: int = 16,
+        decoder_mlp_ratio: float = 4.0,
         mask_ratio: float = 0.75,
         norm_pix_loss: bool = True,
+        encoder_arch: str = "vit_base_patch16_224",
+        decoder: str = "mae",
+        predict_ratio: float = 1.0,
     ) -> None:
+        """`encoder_arch` is a timm architecture; `patch_size`, `embed_dim`, `depth`, `num_heads` and
+        `mlp_ratio` change its values (None keeps them). `decoder` names one of `DECODERS` (the paper's
+        "mae", or CrossMAE's "cross", which predicts `predict_ratio` of the masked patches)."""
+        if decoder not in DECODERS:
+            raise ValueError(f"unknown decoder '{decoder}'; choose one of: {', '.join(sorted(DECODERS))}")
         super().__init__()
         img_size = _pair(img_size)
-        if img_size[0] % patch_size or img_size[1] % patch_size:
+        if not 0.0 <= mask_ratio < 1.0:
+            raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+        overrides = {
+            k: v
+            for k, v in (("embed_dim", embed_dim), ("depth", depth), ("num_heads", num_heads), ("mlp_ratio", mlp_ratio))
+            if v is not None
+        }
+        for name, w in (("embed_dim", embed_dim or 4), ("decoder_embed_dim", decoder_embed_dim)):
+            if w % 4:
+                raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {w}")
+        if patch_size is not None and (img_size[0] % patch_size or img_size[1] % patch_size):
             raise ValueError(
                 f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "
                 "choose an image size that is a multiple of the patch size"
             )
-        if not 0.0 <= mask_ratio < 1.0:
-            raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
-        for name, width in (("embed_dim", embed_dim), ("decoder_embed_dim", decoder_embed_dim)):
-            if width % 4:
-                raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {width}")
+        self.encoder = create_encoder(
+            encoder_arch, img_size=img_size, patch_size=patch_size, in_chans=in_chans, **overrides
+        )
+        self.encoder_arch = encoder_arch
+        # What rebuilds this encoder in plain timm: `timm.create_model(encoder_arch, **encoder_args)`.
+        self.encoder_args = {"img_size": list(img_size), "patch_size": patch_size, "in_chans": in_chans, **overrides}
         self.img_size = img_size
-        self.patch_size = patch_size
+        self.patch_size = _pair(self.encoder.patch_embed.patch_size)[0]
+        self.encoder_args["patch_size"] = self.patch_size
         self.in_chans = in_chans
         self.mask_ratio = mask_ratio
         self.norm_pix_loss = norm_pix_loss
-        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
-        self.encoder = create_encoder(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-        )
-        self.decoder = MAEDecoder(
+        self.grid_size = tuple(self.encoder.patch_embed.grid_size)
+        if self.grid_size[0] * self.patch_size != img_size[0] or self.grid_size[1] * self.patch_size != img_size[1]:
+            raise ValueError(
+                f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {self.patch_size}; "
+                "choose an image size that is a multiple of the patch size"
+            )
+        self.decoder_name = decoder
+        self.decoder = DECODERS[decoder](
             grid_size=self.grid_size,
-            patch_size=patch_size,
+            patch_size=self.patch_size,
             in_chans=in_chans,
-            embed_dim=embed_dim,
+            embed_dim=self.adapter.embed_dim,
+            num_prefix_tokens=self.adapter.num_prefix_tokens,
             decoder_embed_dim=decoder_embed_dim,
             decoder_depth=decoder_depth,
             decoder_num_heads=decoder_num_heads,
-            mlp_ratio=mlp_ratio,
+            mlp_ratio=decoder_mlp_ratio,
+            predict_ratio=predict_ratio,
         )
         init_mae_weights(self)
+
+    @property
+    def adapter(self) -> EncoderAdapter:
+        """How this MAE drives its encoder (made on demand: it holds no state of its own)."""
+        return encoder_adapter(self.encoder)
 
     @property
     def num_patches(self) -> int:
@@ -103,29 +127,24 @@ class MaskedAutoencoder(nn.Module):
     def forward_encoder(
         self, imgs: torch.Tensor, mask_ratio: float, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, Masking]:
-        """Embed all patches, keep the visible ones, run the ViT on cls + visible.
+        """Embed all patches, keep the visible ones, run the encoder on its prefix tokens + the visible.
 
-        Returns the latent [N, 1 + K, D] (cls first, visible tokens in `ids_keep` order) and the
-        `Masking`. Position embeddings are added before masking, so each token keeps its place.
+        Returns the latent [N, P + K, D] (the P prefix tokens first, e.g. the cls token; then the
+        visible tokens in `ids_keep` order) and the `Masking`. Positions are added before masking, so
+        each token keeps its place.
         """
-        enc = self.encoder
-        x = enc.patch_embed(imgs) + enc.pos_embed[:, 1:, :]
-        n, length, _ = x.shape
+        enc = self.adapter
+        prefix, patches = enc.embed(imgs)
+        n, length, _ = patches.shape
         if noise is None:
-            noise = torch.rand(n, length, device=x.device)
+            noise = torch.rand(n, length, device=patches.device)
         masking = random_masking(noise, mask_ratio)
-        x = gather_tokens(x, masking.ids_keep)
-        cls = (enc.cls_token + enc.pos_embed[:, :1, :]).expand(n, -1, -1)
-        x = enc.norm_pre(enc.pos_drop(torch.cat([cls.to(x.dtype), x], dim=1)))
-        if enc.grad_checkpointing and torch.is_grad_enabled():
-            x = checkpoint_seq(enc.blocks, x)
-        else:
-            x = enc.blocks(x)
-        return enc.norm(x), masking
+        x = torch.cat([prefix.to(patches.dtype), gather_tokens(patches, masking.ids_keep)], dim=1)
+        return enc.norm(enc.blocks(x)), masking
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
-        """[N, 1 + K, D] -> pixel predictions [N, L, p*p*C] for every patch."""
-        return self.decoder(latent, ids_restore)
+        """[N, P + K, D] -> pixel predictions [N, L, p*p*C] (zero where the decoder predicts nothing)."""
+        return self.decoder(latent, ids_restore)[0]
 
     def forward_target(self, imgs: torch.Tensor) -> torch.Tensor:
         """The regression target [N, L, p*p*C]: patches, per-patch normalised if `norm_pix_loss`."""
@@ -148,14 +167,14 @@ class MaskedAutoencoder(nn.Module):
         """`imgs` [N, C, H, W]; `noise` [N, L] ranks patches (ascending = kept first)."""
         mask_ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, masking = self.forward_encoder(imgs, mask_ratio, noise)
-        pred = self.forward_decoder(latent, masking.ids_restore)
-        loss = self.forward_loss(imgs, pred, masking.mask)
+        pred, predicted = self.decoder(latent, masking.ids_restore)
+        loss = self.forward_loss(imgs, pred, masking.mask * predicted)  # masked patches with a prediction
         return MAEOutput(loss, pred, masking.mask, masking.ids_restore)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters kept out of weight decay besides biases and norms (timm's convention)."""
-        return {"encoder.pos_embed", "encoder.cls_token", "decoder.pos_embed", "decoder.mask_token"}
+        return {f"encoder.{k}" for k in self.encoder.no_weight_decay()} | {"decoder.pos_embed", "decoder.mask_token"}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute encoder block activations in backward, trading compute for memory."""

@@ -13,6 +13,7 @@ from mae.data.sources import open_source
 from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import describe_vit, save_encoder, timm_architecture
 from mae.importers import load_pretrained
+from mae.models.decoder import DECODERS
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.train.features import KnnMonitor
@@ -37,6 +38,7 @@ PREVIEW_IMAGES = 8
 def model_kwargs(cfg: PretrainConfig) -> dict:
     m = cfg.model
     kwargs = {"img_size": m.img_size, "mask_ratio": m.mask_ratio, "norm_pix_loss": m.norm_pix_loss}
+    kwargs.update(decoder=m.decoder, predict_ratio=m.predict_ratio)
     for name in (
         "patch_size",
         "embed_dim",
@@ -69,6 +71,13 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
                 f"--model.{width} {arch[width]} / --model.{heads} {arch[heads]}: the width must be a multiple of 4 "
                 "and of the head count"
             )
+    if cfg.model.decoder not in DECODERS:
+        raise ConfigError(f"--model.decoder {cfg.model.decoder}: choose one of {', '.join(sorted(DECODERS))}")
+    if cfg.model.decoder != "cross" and cfg.model.predict_ratio != 1:
+        raise ConfigError(
+            f"--model.predict_ratio {cfg.model.predict_ratio}: the mae decoder predicts every masked patch; "
+            "use --model.decoder cross to predict a fraction of them"
+        )
     check_masking(cfg.model.masking, (hw[0] // patch, hw[1] // patch), cfg.model.mask_ratio, "--model.masking")
     checks = [
         ("model.mask_ratio", cfg.model.mask_ratio, 0.0 <= cfg.model.mask_ratio < 1.0, "in [0, 1)"),

@@ -11,11 +11,13 @@ import pytest
 import timm
 import torch
 from accelerate.state import AcceleratorState
+from safetensors import safe_open
 from safetensors.torch import load_file
 
+import mae
 from mae.cli import main
 from mae.models.masking import list_masks
-from tests.conftest import make_images
+from tests.conftest import make_images, make_labeled
 
 FAST = [
     "--model.name",
@@ -74,12 +76,14 @@ def test_pretrain_converges_and_leaves_the_output_folder(tmp_path):
     vit.load_state_dict(load_file(out / "encoder.safetensors"), strict=True)
 
 
-@pytest.mark.parametrize("masking", list_masks())
-def test_resume_is_bit_identical(tmp_path, masking):
+@pytest.mark.parametrize("masking,decoder", [(m, "mae") for m in list_masks()] + [("random", "cross")])
+def test_resume_is_bit_identical(tmp_path, masking, decoder):
     make_images(tmp_path / "imgs", n=24)
     args = [
         "--model.masking",
         masking,
+        "--model.decoder",
+        decoder,
         "--data.path",
         tmp_path / "imgs",
         "--loop.epochs",
@@ -101,6 +105,12 @@ def test_resume_is_bit_identical(tmp_path, masking):
     b = load_file(part / "checkpoints" / "step_00000018" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [m["loss"] for m in metrics(part)][-13:] == [m["loss"] for m in metrics(full)][-13:]
+    # whatever the decoder, the export is the encoder alone and plain timm loads it strictly
+    weights = load_file(part / "encoder.safetensors")
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=96, depth=3, num_heads=3, num_classes=0
+    )
+    vit.load_state_dict(weights, strict=True)
 
 
 def test_resume_refuses_a_changed_config_but_allows_more_epochs(tmp_path, capsys):
@@ -362,3 +372,41 @@ def test_compiled_pretraining_matches_eager_and_exports_plain_weights(tmp_path):
         img_size=32, patch_size=8, embed_dim=96, depth=3, num_heads=3, num_classes=0
     )
     vit.load_state_dict(weights, strict=True)
+
+
+TIMM_VITS = {
+    # register tokens, no class token, average pooling, positions for the patches only
+    "vit_little_patch16_reg4_gap_256": ["--model.patch_size", 8],
+    # a class token and register tokens, LayerScale
+    "vit_small_patch14_reg4_dinov2": ["--model.patch_size", 8, "--model.embed_dim", 96, "--model.num_heads", 3],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(TIMM_VITS))
+def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
+    make_images(tmp_path / "imgs", n=16)
+    out = tmp_path / "run"
+    small = ["--model.depth", 2, "--model.decoder_embed_dim", 64, "--model.decoder_depth", 1,
+             "--model.decoder_num_heads", 2]  # fmt: skip
+    args = ["--model.name", arch, *TIMM_VITS[arch], *small, "--data.path", tmp_path / "imgs", "--loop.batch_size", 8]
+    assert run(*args, "--loop.epochs", 2, "--output_dir", out) == 0
+    assert all(m["loss"] > 0 for m in metrics(out))
+    assert run(*args, "--loop.epochs", 3, "--output_dir", out) == 0  # resumes, one more epoch
+    path = out / "encoder.safetensors"
+    meta = safe_open(str(path), "pt").metadata()
+    assert meta["architecture"] == arch
+    vit = timm.create_model(arch, pretrained=True, **json.loads(meta["model_args"]),
+                            pretrained_cfg_overlay=dict(file=str(path), num_classes=0)).eval()  # fmt: skip
+    model = mae.load_pretrained(out).eval()
+    vit.load_state_dict(load_file(path), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vit.forward_features(x), model.encoder.forward_features(x))
+    assert vit.num_prefix_tokens == model.adapter.num_prefix_tokens >= 4
+    # and the downstream stages take it (the probe's cls-token default becomes the average without one)
+    labeled = make_labeled(tmp_path / "labeled", per_class=8)
+    for stage in ("linprobe", "finetune"):
+        AcceleratorState._reset_state(True)
+        assert main([stage, "--pretrained", str(out), "--data.path", str(labeled), "--loop.epochs", "1",
+                     "--loop.batch_size", "8", "--data.num_workers", "0", "--loop.progress", "false",
+                     "--output_dir", str(tmp_path / stage)]) == 0  # fmt: skip

@@ -1,0 +1,91 @@
+"""The run folder: the names of everything a run writes, and how to find it again.
+
+One module owns the layout (after Accelerate's `ProjectConfiguration`): training stages, exports
+and importers ask it for paths instead of spelling file names themselves.
+
+    OUTPUT_DIR/
+      config.yaml              the resolved config
+      metrics.jsonl            one JSON object per logged step and per evaluation
+      checkpoints/step_N/      Accelerate state + loop_state.json + config.yaml (written as .tmp-step_N, renamed)
+      encoder.safetensors      pretraining: the encoder, timm key names
+      preview.png, previews/   pretraining: reconstruction grids
+      classifier.safetensors   linprobe / finetune: the whole timm classifier
+      classes.json             linprobe / finetune: class names, index = label
+      error.log                the traceback of a failed run (error-rankR.log for rank R > 0)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+LOOP_STATE = "loop_state.json"
+ENCODER = "encoder.safetensors"
+CLASSIFIER = "classifier.safetensors"
+CLASSES = "classes.json"
+PREVIEW = "preview.png"
+PREVIEWS = "previews"
+# An export in the layout timm's hub loader reads (`--format hf-folder`), and Accelerate's model file.
+HF_WEIGHTS = "model.safetensors"
+HF_CONFIG = "config.json"
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir: str | os.PathLike, step: int) -> Path:
+    return Path(output_dir) / CHECKPOINTS / f"step_{step:08d}"
+
+
+def partial_checkpoint_dir(output_dir: str | os.PathLike, step: int) -> Path:
+    """Where a checkpoint is written before it is renamed into place (never read as a checkpoint)."""
+    return Path(output_dir) / CHECKPOINTS / f".tmp-step_{step:08d}"
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under `output_dir/checkpoints`, oldest first."""
+    folder = Path(output_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def is_checkpoint(folder: str | os.PathLike) -> bool:
+    """A checkpoint folder itself (its config and Accelerate's model file side by side)."""
+    p = Path(folder)
+    return (p / CONFIG).is_file() and (p / HF_WEIGHTS).is_file()
+
+
+def run_config(source: str | os.PathLike) -> dict[str, Any] | None:
+    """The resolved config of the run at `source` (a run folder or one of its checkpoints), if any."""
+    import yaml
+
+    p = Path(source)
+    if not p.is_dir():
+        return None
+    for candidate in (p / CONFIG, *(c / CONFIG for c in list_checkpoints(p)[-1:])):
+        if candidate.is_file():
+            return yaml.safe_load(candidate.read_text())
+    return None
+
+
+def preview_path(epoch: int) -> str:
+    """A preview's path relative to the run folder (as metrics.jsonl records it)."""
+    return f"{PREVIEWS}/epoch_{epoch:04d}.png"
+
+
+def error_log(output_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(output_dir) / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Set a written file's mode to what the umask gives new files: safetensors writes 0600, which
+    colleagues on shared storage cannot read, while everything else a run writes follows the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
