@@ -31,6 +31,7 @@ from mae.config import (
 )
 from mae.data.sources import DataError
 from mae.importers import CheckpointError
+from mae.run_folder import error_log
 from mae.train.loop import TrainingError
 
 # Each config field's docstring is its --help text.
@@ -110,8 +111,7 @@ def _save_traceback(cfg: Any) -> Path | None:
     folder = Path(getattr(cfg, "output_dir", "") or ".")
     if not getattr(cfg, "output_dir", None) or not folder.is_dir():
         return None
-    rank = os.environ.get("RANK", "0")
-    path = folder / ("error.log" if rank == "0" else f"error-rank{rank}.log")
+    path = error_log(folder, int(os.environ.get("RANK", "0")))
     try:
         path.write_text(traceback.format_exc())
     except OSError:

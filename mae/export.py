@@ -20,7 +20,7 @@ from timm.models.vision_transformer import VisionTransformer
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.importers import CheckpointError, load_pretrained
 from mae.models.mae import MaskedAutoencoder
-from mae.train.checkpoint import follow_umask
+from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, follow_umask, run_config
 from mae.version import __version__
 
 
@@ -125,21 +125,6 @@ def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
     )
 
 
-def _source_config(source: Any) -> dict[str, Any] | None:
-    """The resolved training config that produced `source`, when it is one of our runs."""
-    import yaml
-
-    from mae.train.checkpoint import list_checkpoints
-
-    if isinstance(source, MaskedAutoencoder):
-        return None
-    p = Path(source)
-    for candidate in (p / "config.yaml", *(c / "config.yaml" for c in list_checkpoints(p)[-1:])):
-        if candidate.is_file():
-            return yaml.safe_load(candidate.read_text())
-    return None
-
-
 def export_encoder(
     source: MaskedAutoencoder | str | os.PathLike, path: str | os.PathLike, format: str = "safetensors"
 ) -> Path:
@@ -150,11 +135,11 @@ def export_encoder(
     if format not in ("safetensors", "hf-folder"):
         raise ValueError(f"--format {format}: choose safetensors or hf-folder")
     model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
-    config = _source_config(source)
+    config = None if isinstance(source, MaskedAutoencoder) else run_config(source)
     if format == "safetensors":
         return save_encoder(model, path, config)
     folder = Path(path)
-    weights = save_encoder(model, folder / "model.safetensors", config)
+    weights = save_encoder(model, folder / HF_WEIGHTS, config)
     arch, args = timm_architecture(model)
     data = (config or {}).get("data", {})
     pretrained_cfg = timm_pretrained_cfg(
@@ -171,7 +156,7 @@ def export_encoder(
         "model_args": args,
         "pretrained_cfg": pretrained_cfg,
     }
-    (folder / "config.json").write_text(json.dumps(hub_config, indent=2) + "\n")
+    (folder / HF_CONFIG).write_text(json.dumps(hub_config, indent=2) + "\n")
     (folder / "README.md").write_text(_model_card(arch, args, config))
     return weights.parent
 
@@ -205,7 +190,7 @@ def load_encoder(path: str | os.PathLike, num_classes: int = 0, **timm_kwargs: A
 
     p = Path(path)
     if p.is_dir():
-        p = next((p / n for n in ("model.safetensors", "encoder.safetensors") if (p / n).is_file()), p)
+        p = next((p / n for n in (HF_WEIGHTS, ENCODER) if (p / n).is_file()), p)
     if not p.is_file():
         raise CheckpointError(f"{path}: no encoder export (.safetensors) there; run `mae export` first")
     try:
@@ -242,10 +227,10 @@ def encoder_source(path: str, img_size: int | tuple[int, int] | None = None) -> 
         meta: dict[str, str] = {}
     else:
         p = Path(path)
-        if p.is_dir() and (p / "encoder.safetensors").is_file():  # a finished pretraining run
-            p = p / "encoder.safetensors"
-        elif p.is_dir() and (p / "config.json").is_file() and (p / "model.safetensors").is_file():
-            p = p / "model.safetensors"
+        if p.is_dir() and (p / ENCODER).is_file():  # a finished pretraining run
+            p = p / ENCODER
+        elif p.is_dir() and (p / HF_CONFIG).is_file() and (p / HF_WEIGHTS).is_file():
+            p = p / HF_WEIGHTS
         meta = _metadata(p) if p.is_file() and p.suffix == ".safetensors" else {}
         if "architecture" in meta and "model_args" in meta:
             args = json.loads(meta["model_args"])
@@ -259,7 +244,7 @@ def encoder_source(path: str, img_size: int | tuple[int, int] | None = None) -> 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not used here
             model = load_pretrained(path)
-        config = _source_config(path) or {}
+        config = run_config(path) or {}
         meta = {k: json.dumps(v) for k, v in config.get("data", {}).items() if k in ("mean", "std")}
     arch, args = timm_architecture(model)
     return {

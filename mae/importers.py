@@ -24,6 +24,7 @@ import torch
 
 from mae.models.mae import MaskedAutoencoder
 from mae.models.registry import preset_config, preset_matching
+from mae.run_folder import CONFIG, ENCODER, HF_CONFIG, HF_WEIGHTS, is_checkpoint, list_checkpoints
 
 # transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x in-memory
 # `layers.N.attention.q_proj` spellings) -> this project's names. Attention q/k/v are fused below.
@@ -288,7 +289,7 @@ def _metadata_hints(meta: dict[str, str]) -> dict[str, Any]:
 
 
 def _find_weights(folder: Path) -> Path:
-    for name in ("model.safetensors", "encoder.safetensors", "pytorch_model.bin"):
+    for name in (HF_WEIGHTS, ENCODER, "pytorch_model.bin"):
         if (folder / name).is_file():
             return folder / name
     raise CheckpointError(f"{folder}: no model.safetensors, encoder.safetensors or pytorch_model.bin in it")
@@ -301,25 +302,21 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     e.g. `num_heads`, `decoder_num_heads`, `norm_pix_loss`, `img_size`) supply or replace the rest.
     An encoder-only file gets a freshly initialised decoder, with a warning.
     """
-    from mae.train.checkpoint import list_checkpoints
-
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder")
     hints: dict[str, Any] = {}
     if p.is_dir():
-        ckpts = (
-            list_checkpoints(p) if not (p / "config.yaml").exists() or not (p / "model.safetensors").exists() else []
-        )
+        ckpts = list_checkpoints(p) if not is_checkpoint(p) else []
         if ckpts:
             p = ckpts[-1]
-        if (p / "config.yaml").exists() and (p / "model.safetensors").exists():
-            hints.update(_run_hints(p / "config.yaml"))
-        elif (p / "config.json").exists():
-            hints.update(_hf_hints(p / "config.json"))
+        if is_checkpoint(p):
+            hints.update(_run_hints(p / CONFIG))
+        elif (p / HF_CONFIG).exists():
+            hints.update(_hf_hints(p / HF_CONFIG))
         p = _find_weights(p)
-    elif p.name == "model.safetensors" and (p.parent / "config.json").exists():
-        hints.update(_hf_hints(p.parent / "config.json"))
+    elif p.name == HF_WEIGHTS and (p.parent / HF_CONFIG).exists():
+        hints.update(_hf_hints(p.parent / HF_CONFIG))
     raw, meta = read_tensors(p)
     state, fmt = to_mae_keys(raw, p)
     hints.update(_metadata_hints(meta))

@@ -60,19 +60,25 @@ def save_grid(grid: torch.Tensor, path: str | Path) -> Path:
 @torch.no_grad()
 def cls_attention(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
     """The cls token's attention over the patches in the last block: [N, heads, gh, gw] (normalised
-    images in; each head's row over all tokens sums to 1, the prefix tokens' share is left out)."""
-    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(images))))
-    for blk in vit.blocks[:-1]:
-        x = blk(x)
-    blk = vit.blocks[-1]
-    attn = blk.attn
-    h = blk.norm1(x)
-    n, length, c = h.shape
-    qkv = attn.qkv(h).reshape(n, length, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)
-    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
-    weights = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    images in; each head's row over all tokens sums to 1, the prefix tokens' share is left out).
+
+    Read with timm's `AttentionExtract` from the last block's attention weights (its explicit path,
+    where the softmax passes through `attn_drop`)."""
+    if vit.cls_token is None:
+        raise ValueError("this encoder has no class token, so it has no cls attention to show")
+    from timm.utils import AttentionExtract
+
+    last = len(vit.blocks) - 1
+    attn = vit.blocks[last].attn
+    fused, attn.fused_attn = attn.fused_attn, False
+    try:
+        weights = next(
+            iter(AttentionExtract(vit, names=[f"blocks.{last}.attn.attn_drop"], method="hook")(images).values())
+        )
+    finally:
+        attn.fused_attn = fused
     gh, gw = vit.patch_embed.grid_size
-    return weights[:, :, 0, vit.num_prefix_tokens :].reshape(n, attn.num_heads, gh, gw)
+    return weights[:, :, 0, vit.num_prefix_tokens :].reshape(len(images), -1, gh, gw)
 
 
 def attention_grid(

@@ -11,6 +11,7 @@ OUT/reconstructions.png and OUT/pretrain_loss.png.
 
     python scripts/fashion_mnist_study.py --out runs/fashion_mnist --seeds 0 1
     python scripts/fashion_mnist_study.py --out runs/fashion_mnist_select --select   # how the recipe was chosen
+    python scripts/fashion_mnist_study.py --out runs/fashion_mnist_decoders --select --candidates decoders
     python scripts/fashion_mnist_study.py --out runs/fashion_mnist --layers          # after the study: read-outs
 
 `--select` compares pretraining variants on a short budget without the test split: each pretrains
@@ -204,9 +205,16 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
 
 # Pretraining variants for --select: extra options on top of recipes/fashion_mnist/pretrain.yaml.
 CANDIDATES = {
-    "batch 256, norm-pix targets (the paper's)": ["--loop.batch_size", "256", "--model.norm_pix_loss", "true"],
-    "batch 128, norm-pix targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "true"],
-    "batch 128, pixel targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "false"],
+    "recipe": {
+        "batch 256, norm-pix targets (the paper's)": ["--loop.batch_size", "256", "--model.norm_pix_loss", "true"],
+        "batch 128, norm-pix targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "true"],
+        "batch 128, pixel targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "false"],
+    },
+    "decoders": {
+        "mae decoder (the recipe's)": [],
+        "cross decoder, every masked patch": ["--model.decoder", "cross"],
+        "cross decoder, a quarter of the masked patches": ["--model.decoder", "cross", "--model.predict_ratio", "0.25"],
+    },
 }
 SELECT_EPOCHS, SELECT_WARMUP = 4, 0.67  # a third of a 12-epoch schedule with 2 epochs of warm-up
 
@@ -216,7 +224,7 @@ def select(args: argparse.Namespace) -> None:
     out, data = Path(args.out), Path(args.data)
     common = ["--seed", str(args.seeds[0]), "--loop.progress", "false"]
     rows = []
-    for i, (name, extra) in enumerate(CANDIDATES.items()):
+    for i, (name, extra) in enumerate(CANDIDATES[args.candidates].items()):
         run = out / f"candidate{i}"
         seconds = mae_stage(
             "pretrain", run / "pretrain.log", "--data.path", str(data / "fit"), "--output_dir", str(run / "pretrain"),
@@ -353,6 +361,9 @@ def main() -> None:
         "the MAE linear probe and k-NN)",
     )
     parser.add_argument("--select", action="store_true", help="compare pretraining variants on fit/val (no test)")
+    parser.add_argument(
+        "--candidates", choices=sorted(CANDIDATES), default="recipe", help="which variants --select runs"
+    )
     parser.add_argument("--layers", action="store_true", help="linear read-outs of each block on fit/val (no test)")
     args = parser.parse_args()
     if not (Path(args.data) / "fit").exists():

@@ -20,13 +20,11 @@ from mae.models.encoder import set_sincos_pos_embed
 from mae.models.masking import gather_tokens
 
 
-class MAEDecoder(nn.Module):
-    """Encoder tokens (cls + visible) -> pixel predictions for every patch.
-
-    Linear embedding to the decoder width, one shared mask token for every removed patch,
-    unshuffle to the original patch order, a fixed sine-cosine position embedding, timm blocks,
-    a norm and a linear head to `patch_size**2 * in_chans` values per patch.
-    """
+class PixelDecoder(nn.Module):
+    """What every decoder has, and the signature they share: a linear embedding of the encoder tokens to
+    the decoder width, one shared mask token, the fixed sine-cosine position table (the official
+    [1, 1 + L, D] layout, whose zero first row was the cls token's, so weights load as they are), the
+    subclass's `make_blocks`, a norm, and a linear head to `patch_size**2 * in_chans` values per patch."""
 
     def __init__(
         self,
@@ -43,31 +41,38 @@ class MAEDecoder(nn.Module):
         predict_ratio: float = 1.0,
     ) -> None:
         super().__init__()
-        if predict_ratio != 1.0:
-            raise ValueError("the mae decoder predicts every masked patch: predict_ratio 1 (or decoder 'cross')")
-        norm_layer = partial(nn.LayerNorm, eps=1e-6)
-        num_patches = grid_size[0] * grid_size[1]
+        if not 0 < predict_ratio <= 1:
+            raise ValueError(f"predict_ratio must be in (0, 1], got {predict_ratio}")
         self.num_prefix_tokens = num_prefix_tokens
+        self.predict_ratio = predict_ratio
         self.embed = nn.Linear(embed_dim, decoder_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
-        # The official layout [1, 1 + L, D] (its zero first row was the cls token's), so weights load as they are.
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, decoder_embed_dim), requires_grad=False)
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, grid_size[0] * grid_size[1] + 1, decoder_embed_dim), requires_grad=False
+        )
         set_sincos_pos_embed(self.pos_embed, grid_size)
-        self.blocks = nn.Sequential(
+        self.blocks = self.make_blocks(decoder_embed_dim, decoder_depth, decoder_num_heads, mlp_ratio)
+        self.norm = nn.LayerNorm(decoder_embed_dim, eps=1e-6)
+        self.pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
+
+    def make_blocks(self, dim: int, depth: int, num_heads: int, mlp_ratio: float) -> nn.Module:
+        raise NotImplementedError
+
+
+class MAEDecoder(PixelDecoder):
+    """The paper's decoder: encoder tokens plus a mask token for every removed patch, unshuffled to the
+    patch order, with positions, through timm blocks (self-attention over every patch)."""
+
+    def make_blocks(self, dim: int, depth: int, num_heads: int, mlp_ratio: float) -> nn.Module:
+        if self.predict_ratio != 1.0:
+            raise ValueError("the mae decoder predicts every masked patch: predict_ratio 1 (or decoder 'cross')")
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        return nn.Sequential(
             *[
-                Block(
-                    decoder_embed_dim,
-                    decoder_num_heads,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=True,
-                    norm_layer=norm_layer,
-                    mlp_layer=Mlp,
-                )
-                for _ in range(decoder_depth)
+                Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True, norm_layer=norm_layer, mlp_layer=Mlp)
+                for _ in range(depth)
             ]
         )
-        self.norm = norm_layer(decoder_embed_dim)
-        self.pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
 
     def forward(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`latent` [N, P + K, D] (the encoder's P prefix tokens first), `ids_restore` [N, L] -> (`pred`
@@ -126,7 +131,7 @@ class CrossBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class CrossDecoder(nn.Module):
+class CrossDecoder(PixelDecoder):
     """CrossMAE's decoder (Fu et al., 2024): mask tokens for a fraction of the masked patches attend to the
     encoder's tokens, never to each other, and only they are predicted.
 
@@ -134,36 +139,8 @@ class CrossDecoder(nn.Module):
     needs no randomness of its own: the first `round(predict_ratio x (L - K))` masked patches.
     """
 
-    def __init__(
-        self,
-        *,
-        grid_size: tuple[int, int],
-        patch_size: int,
-        in_chans: int = 3,
-        embed_dim: int = 768,
-        num_prefix_tokens: int = 1,
-        decoder_embed_dim: int = 512,
-        decoder_depth: int = 8,
-        decoder_num_heads: int = 16,
-        mlp_ratio: float = 4.0,
-        predict_ratio: float = 1.0,
-    ) -> None:
-        super().__init__()
-        if not 0 < predict_ratio <= 1:
-            raise ValueError(f"predict_ratio must be in (0, 1], got {predict_ratio}")
-        self.num_prefix_tokens = num_prefix_tokens
-        self.predict_ratio = predict_ratio
-        self.embed = nn.Linear(embed_dim, decoder_embed_dim)
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
-        self.pos_embed = nn.Parameter(
-            torch.zeros(1, grid_size[0] * grid_size[1] + 1, decoder_embed_dim), requires_grad=False
-        )
-        set_sincos_pos_embed(self.pos_embed, grid_size)
-        self.blocks = nn.ModuleList(
-            CrossBlock(decoder_embed_dim, decoder_num_heads, mlp_ratio) for _ in range(decoder_depth)
-        )
-        self.norm = nn.LayerNorm(decoder_embed_dim, eps=1e-6)
-        self.pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
+    def make_blocks(self, dim: int, depth: int, num_heads: int, mlp_ratio: float) -> nn.Module:
+        return nn.ModuleList(CrossBlock(dim, num_heads, mlp_ratio) for _ in range(depth))
 
     def forward(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`latent` [N, P + K, D], `ids_restore` [N, L] -> (`pred` [N, L, p*p*C], zero where not predicted;

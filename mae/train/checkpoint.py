@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-_NAME = re.compile(r"^step_(\d+)$")
-
-
-def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints under `output_dir/checkpoints`, oldest first."""
-    folder = Path(output_dir) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
+from mae.run_folder import CONFIG, LOOP_STATE, checkpoint_dir, follow_umask, list_checkpoints, partial_checkpoint_dir
 
 
 def save_checkpoint(
@@ -38,9 +28,9 @@ def save_checkpoint(
     keep: int,
 ) -> Path:
     """Save the full training state at optimizer step `step`; keep the newest `keep`."""
-    folder = Path(output_dir) / "checkpoints"
-    final = folder / f"step_{step:08d}"
-    tmp = folder / f".tmp-step_{step:08d}"
+    final = checkpoint_dir(output_dir, step)
+    tmp = partial_checkpoint_dir(output_dir, step)
+    folder = final.parent
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -49,8 +39,8 @@ def save_checkpoint(
         accelerator.save_state(str(tmp), safe_serialization=True)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            (tmp / "loop_state.json").write_text(json.dumps(loop_state))
-            (tmp / "config.yaml").write_text(config_yaml)
+            (tmp / LOOP_STATE).write_text(json.dumps(loop_state))
+            (tmp / CONFIG).write_text(config_yaml)
             _fsync_tree(tmp)
     except OSError:  # e.g. the disk filled up: drop the partial folder, keep every complete checkpoint
         shutil.rmtree(tmp, ignore_errors=True)
@@ -68,7 +58,7 @@ def save_checkpoint(
 
 
 def load_loop_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / "loop_state.json").read_text())
+    return json.loads((Path(checkpoint) / LOOP_STATE).read_text())
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -79,14 +69,6 @@ def _fsync_tree(folder: Path) -> None:
             follow_umask(p)
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-
-
-def follow_umask(path: str | os.PathLike) -> None:
-    """Set a written file's mode to what the umask gives new files: safetensors writes 0600, which
-    colleagues on shared storage cannot read, while everything else a run writes follows the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 def checkpoint_bytes(model, optimizer) -> int:

@@ -17,24 +17,23 @@ from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
-from mae.data.samplers import EpochSampler
 from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
 from mae.importers import CheckpointError
 from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
-from mae.train.features import extract_features, knn_scores, topk_accuracy
+from mae.run_folder import CLASSES, CLASSIFIER, CONFIG, METRICS
+from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.metrics import MetricsWriter
 from mae.train.run import (
     adamw,
-    check_batch_fits,
     check_output_dir,
     compile_model,
     configure_speed,
     effective_lr,
     find_resume_checkpoint,
+    launch,
     make_loader,
     open_accelerator,
     plain_model,
-    train,
     warn,
 )
 from mae.train.tasks import ClassifierTask
@@ -77,13 +76,6 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"--pretrained {cfg.pretrained}: no such file or folder")
     if not cfg.data.path:
         raise ConfigError("--data.path: required: a folder with one subfolder per class, or a labeled dataset")
-    if not cfg.data.val_path and not 0 < cfg.data.val_fraction < 1:
-        raise ConfigError(f"--data.val_fraction {cfg.data.val_fraction}: must be in (0, 1) without --data.val_path")
-    for name, value in (("loop.epochs", cfg.loop.epochs), ("loop.batch_size", cfg.loop.batch_size)):
-        if value < 1:
-            raise ConfigError(f"--{name} {value}: must be >= 1")
-    if not 0 < cfg.data.crop_pct <= 1:
-        raise ConfigError(f"--data.crop_pct {cfg.data.crop_pct}: must be in (0, 1]")
     check_output_dir(cfg)
 
 
@@ -142,9 +134,9 @@ def eval_loader(source, transform, cfg: Any, size: tuple[int, int]):
 def _finish(accelerator, cfg, model, arch, args, classes, mean, std) -> Path:
     out = Path(cfg.output_dir)
     accelerator.wait_for_everyone()
-    path = out / "classifier.safetensors"
+    path = out / CLASSIFIER
     if accelerator.is_main_process:
-        (out / "classes.json").write_text(json.dumps(classes))
+        (out / CLASSES).write_text(json.dumps(classes))
         save_classifier(
             model,
             path,
@@ -180,7 +172,7 @@ def _cached(accelerator, encoder, loader, cache: Path | None, name: str) -> tupl
     if cache is not None and (cache / f"{name}_features.npy").exists():
         feats = np.load(cache / f"{name}_features.npy", mmap_mode="r")
         return torch.from_numpy(np.asarray(feats)), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
-    feats, labels = extract_features(encoder, accelerator.prepare_data_loader(loader), accelerator)
+    feats, labels = predict(encoder, accelerator.prepare_data_loader(loader), accelerator)
     if cache is not None and accelerator.is_main_process:
         cache.mkdir(parents=True, exist_ok=True)
         np.save(cache / f"{name}_features.npy", feats.numpy())
@@ -240,35 +232,28 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
         train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
         val_ds = LabeledSamples(val_src, eval_tf, decode_side=decode_side(size, cfg.data.crop_pct))
         model, workers = LinearProbe(encoder, head), cfg.data.num_workers
-    check_batch_fits(len(train_ds), cfg, accelerator)
-    sampler = EpochSampler(len(train_ds), cfg.seed)
-    loader = make_loader(
-        train_ds, batch_size=cfg.loop.batch_size, sampler=sampler, collate_fn=collate_labeled, num_workers=workers
-    )
     val_loader = make_loader(
         val_ds, batch_size=cfg.loop.batch_size, drop_last=False, collate_fn=collate_labeled, num_workers=workers
     )
-    lr, eff_batch = effective_lr(cfg, accelerator)
+    _, eff_batch = effective_lr(cfg, accelerator)
     opt_name = probe_optimizer_name(cfg.optim, eff_batch, accelerator)
-    optimizer = probe_optimizer(head, cfg.optim, lr, opt_name)
-    model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
-    if cfg.loop.compile:
-        model = compile_model(model, accelerator.device.type)
-    task = ClassifierTask(model, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val_loader)
-    what = (
-        f"linear probe of a {describe_vit(args)} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
-        f"{len(train_ds)} images, {len(classes)} classes"
-    )
-    train(
+    model, _ = launch(
         cfg,
-        task,
         accelerator=accelerator,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        lr=lr,
-        what=what,
+        model=model,
+        dataset=train_ds,
+        collate_fn=collate_labeled,
+        num_workers=workers,
+        optimizer=lambda m, lr: probe_optimizer(head, cfg.optim, lr, opt_name),  # the head alone trains
+        task=lambda m, val: ClassifierTask(
+            m, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val
+        ),
+        what=(
+            f"linear probe of a {describe_vit(args)} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
+            f"{len(train_ds)} images, {len(classes)} classes"
+        ),
         resume_from=setup.resume_from,
+        val_loader=val_loader,
     )
     classifier, arch, args = build_classifier(
         source, len(classes), img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False
@@ -296,70 +281,57 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     )
     side = decode_side(size, math.sqrt(a.crop_scale[0] * 3 / 4))
     train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
-    check_batch_fits(len(train_ds), cfg, accelerator)
-    sampler = EpochSampler(len(train_ds), cfg.seed)
-    loader = make_loader(
-        train_ds,
-        batch_size=cfg.loop.batch_size,
-        sampler=sampler,
+    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg, size)
+    mixup, criterion = mixup_and_criterion(cfg, len(classes))
+
+    def task(m: torch.nn.Module, val: Any) -> ClassifierTask:
+        ema = None
+        if cfg.model.ema_decay:
+            from timm.utils import ModelEmaV3
+
+            ema = ModelEmaV3(plain_model(accelerator, m), decay=cfg.model.ema_decay)
+            accelerator.register_for_checkpointing(ema)
+        return ClassifierTask(m, accelerator=accelerator, criterion=criterion, val_loader=val, mixup=mixup, ema=ema)
+
+    o = cfg.optim
+    model, task = launch(
+        cfg,
+        accelerator=accelerator,
+        model=model,
+        dataset=train_ds,
         collate_fn=collate_labeled,
         num_workers=cfg.data.num_workers,
+        optimizer=lambda m, lr: adamw(
+            m, lr=lr, weight_decay=o.weight_decay, betas=tuple(o.betas), layer_decay=o.layer_decay
+        ),
+        task=task,
+        what=f"fine-tuning a {describe_vit(args)} on {len(train_ds)} images, {len(classes)} classes",
+        resume_from=setup.resume_from,
+        val_loader=val_loader,
     )
-    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg, size)
-    mixup = None
+    ema = task.ema
+    final = ema.module if ema is not None else plain_model(accelerator, model)
+    return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
+
+
+def mixup_and_criterion(cfg: FinetuneConfig, num_classes: int) -> tuple[Any, torch.nn.Module]:
+    """timm's Mixup (None when off) and the loss that fits its targets."""
+    a = cfg.aug
     if (a.mixup > 0 or a.cutmix > 0) and cfg.loop.batch_size % 2:
         raise ConfigError(
             f"--loop.batch_size {cfg.loop.batch_size}: mixup and cutmix pair the samples of a batch, so it must be "
             "even; choose an even batch size or set --aug.mixup 0 --aug.cutmix 0"
         )
     if a.mixup > 0 or a.cutmix > 0:
-        mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=len(classes))
-        criterion = SoftTargetCrossEntropy()
-    elif a.smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(a.smoothing)
-    else:
-        criterion = torch.nn.CrossEntropyLoss()
-    lr, _ = effective_lr(cfg, accelerator)
-    optimizer = adamw(
-        model,
-        lr=lr,
-        weight_decay=cfg.optim.weight_decay,
-        betas=tuple(cfg.optim.betas),
-        layer_decay=cfg.optim.layer_decay,
-    )
-    configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
-    model, optimizer, loader, val_loader = accelerator.prepare(model, optimizer, loader, val_loader)
-    if cfg.loop.compile:
-        model = compile_model(model, accelerator.device.type)
-    ema = None
-    if cfg.model.ema_decay:
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(plain_model(accelerator, model), decay=cfg.model.ema_decay)
-        accelerator.register_for_checkpointing(ema)
-    task = ClassifierTask(
-        model, accelerator=accelerator, criterion=criterion, val_loader=val_loader, mixup=mixup, ema=ema
-    )
-    what = f"fine-tuning a {describe_vit(args)} on {len(train_ds)} images, {len(classes)} classes"
-    train(
-        cfg,
-        task,
-        accelerator=accelerator,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        lr=lr,
-        what=what,
-        resume_from=setup.resume_from,
-    )
-    final = ema.module if ema is not None else plain_model(accelerator, model)
-    return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
+        mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=num_classes)
+        return mixup, SoftTargetCrossEntropy()
+    if a.smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(a.smoothing)
+    return None, torch.nn.CrossEntropyLoss()
 
 
 def run_knn(cfg: KnnConfig) -> dict[str, float]:
     """Weighted k-NN on frozen features: the validation set votes among the training set."""
-    if cfg.k < 1 or cfg.temperature <= 0:
-        raise ConfigError(f"--k {cfg.k} / --temperature {cfg.temperature}: must be >= 1 and > 0")
     setup = begin(cfg)
     source, train_src, val_src = setup.source, setup.train_src, setup.val_src
     size, mean, std, accelerator = setup.size, setup.mean, setup.std, setup.accelerator
@@ -369,12 +341,10 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     if cfg.loop.compile:
         encoder = compile_model(encoder, accelerator.device.type)
     tf = eval_transform(size, cfg, mean, std)
-    bank, bank_labels = extract_features(
+    bank, bank_labels = predict(
         encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size)), accelerator
     )
-    query, labels = extract_features(
-        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size)), accelerator
-    )
+    query, labels = predict(encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size)), accelerator)
     scores = knn_scores(
         bank, bank_labels, query, num_classes=len(train_src.classes), k=cfg.k, temperature=cfg.temperature
     )
@@ -392,8 +362,8 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        (out / CONFIG).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (out / METRICS).unlink(missing_ok=True)
     MetricsWriter(accelerator, out).write(result)
     accelerator.print(
         f"k-NN (k={cfg.k}, T={cfg.temperature}): top1 {result['top1']:.2f}%"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -11,28 +15,39 @@ from mae.train.metrics import report_bad_files
 
 
 @torch.no_grad()
-def extract_features(
-    encoder: nn.Module, loader: torch.utils.data.DataLoader, accelerator: Accelerator
+def predict(
+    model: nn.Module,
+    loader: Iterable[dict[str, Any]],
+    accelerator: Accelerator | None = None,
+    bad_seen: list[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [N, D] float32, labels [N]) of every sample, gathered from all processes in order.
+    """(outputs [N, ...] float32 on the CPU, labels [N]) of `model` over every batch of `loader`.
 
-    `encoder(images)` must return pooled features; it runs in eval mode under the run's autocast.
+    The one evaluation pass: classifier logits, probe features, k-NN features. The model runs in eval
+    mode (restored after). With an `accelerator` (every process calling, the loader prepared), outputs
+    are computed under the run's autocast and gathered exactly, as one process would see them, and
+    unreadable files are reported once (`bad_seen` collects their names); without one, on the model's
+    device, under the caller's autocast.
     """
-    was_training = encoder.training
-    encoder.eval()
-    feats, labels, bad = [], [], []
+    was_training = model.training
+    model.eval()
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    outputs, labels, bad = [], [], []
     for batch in loader:
         bad.extend(batch.get("bad", []))
         if batch["image"] is None:
             continue
-        with accelerator.autocast():
-            f = encoder(batch["image"]).float()
-        f, y = accelerator.gather_for_metrics((f, batch["label"]))
-        feats.append(f.cpu())
+        with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
+            out = model(batch["image"].to(device)).float()
+        y = batch["label"]
+        if accelerator is not None:
+            out, y = accelerator.gather_for_metrics((out, y.to(device)))
+        outputs.append(out.cpu())
         labels.append(y.cpu())
-    encoder.train(was_training)
-    report_bad_files(accelerator, bad, [])
-    return torch.cat(feats), torch.cat(labels)
+    model.train(was_training)
+    if accelerator is not None:
+        report_bad_files(accelerator, bad, [] if bad_seen is None else bad_seen)
+    return torch.cat(outputs), torch.cat(labels)
 
 
 def knn_scores(
@@ -84,22 +99,9 @@ class KnnMonitor:
 
     @torch.no_grad()
     def __call__(self, encoder: nn.Module) -> dict[str, float]:
-        bank, bank_labels = self._features(encoder, self.bank_loader)
-        query, labels = self._features(encoder, self.query_loader)
+        bank, bank_labels = predict(encoder, self.bank_loader)
+        query, labels = predict(encoder, self.query_loader)
         scores = knn_scores(
             bank, bank_labels, query, num_classes=self.num_classes, k=self.k, temperature=self.temperature
         )
         return topk_accuracy(scores, labels)
-
-    @staticmethod
-    def _features(encoder: nn.Module, loader) -> tuple[torch.Tensor, torch.Tensor]:
-        was_training = encoder.training
-        encoder.eval()
-        device = next(encoder.parameters()).device
-        feats, labels = [], []
-        for batch in loader:
-            if batch["image"] is not None:
-                feats.append(encoder(batch["image"].to(device)).float().cpu())
-                labels.append(batch["label"])
-        encoder.train(was_training)
-        return torch.cat(feats), torch.cat(labels)

@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from mae.config import LoopConfig
+from mae.run_folder import checkpoint_dir
 from mae.train.checkpoint import save_checkpoint
 from mae.train.metrics import MetricsWriter, report_bad_files
 from mae.train.schedule import apply_lr, lr_at
@@ -187,7 +188,7 @@ def fit(
                     if accelerator.is_main_process:
                         tqdm.write(_eval_line(state.epoch, loop.epochs, result))
         bar.close()
-        if not (output_dir / "checkpoints" / f"step_{state.step:08d}").exists():
+        if not checkpoint_dir(output_dir, state.step).exists():
             checkpoint()
     return state
 

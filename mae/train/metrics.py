@@ -10,13 +10,15 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from mae.run_folder import METRICS
+
 
 class MetricsWriter:
     """Appends to `output_dir/metrics.jsonl` on the main process and forwards to the trackers."""
 
     def __init__(self, accelerator: Accelerator, output_dir: str | Path) -> None:
         self.accelerator = accelerator
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(output_dir) / METRICS
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.accelerator.is_main_process:

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from mae.config import ConfigError, flatten, to_dict
-from mae.train.checkpoint import checkpoint_bytes, list_checkpoints, load_loop_state
+from mae.data.samplers import EpochSampler
+from mae.run_folder import CONFIG, METRICS, list_checkpoints
+from mae.train.checkpoint import checkpoint_bytes, load_loop_state
 from mae.train.loop import LoopState, Schedule, fit
 from mae.train.metrics import MetricsWriter
 from mae.train.schedule import lr_at
@@ -77,7 +80,7 @@ def find_resume_checkpoint(cfg: Any) -> Path | None:
     if not found:
         return None
     ckpt = found[0]
-    saved = flatten(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    saved = flatten(yaml.safe_load((ckpt / CONFIG).read_text()))
     current = flatten(to_dict(cfg))
     ignore = {"loop.epochs", "resume", "output_dir"}
     changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))
@@ -190,13 +193,13 @@ def train(
     state = LoopState()
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(config_yaml)
+        (output_dir / CONFIG).write_text(config_yaml)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         state = LoopState(**load_loop_state(resume_from))
         accelerator.print(f"resuming from {resume_from} (step {state.step}, epoch {state.epoch})")
-    elif accelerator.is_main_process and (output_dir / "metrics.jsonl").exists():
-        (output_dir / "metrics.jsonl").unlink()  # a fresh start: the old run's log would mislead
+    elif accelerator.is_main_process and (output_dir / METRICS).exists():
+        (output_dir / METRICS).unlink()  # a fresh start: the old run's log would mislead
     MetricsWriter(accelerator, output_dir).truncate_after(state.step)
     if accelerator.log_with:
         accelerator.init_trackers("mae", config=flatten(to_dict(cfg)))
@@ -228,6 +231,49 @@ def train(
         state=state,
         clip_grad=getattr(cfg.optim, "clip_grad", None),
     )
+
+
+def launch(
+    cfg: Any,
+    *,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    dataset: torch.utils.data.Dataset,
+    collate_fn: Callable,
+    num_workers: int,
+    optimizer: Callable[[torch.nn.Module, float], torch.optim.Optimizer],
+    task: Callable[[torch.nn.Module, Any], Any],
+    what: str,
+    resume_from: Path | None,
+    val_loader: torch.utils.data.DataLoader | None = None,
+) -> tuple[torch.nn.Module, Any]:
+    """What every training stage does between its data and its export: sampler, loader, lr, optimizer
+    (`optimizer(model, lr)`), attention kernel, `prepare`, compile, the task (`task(model, val_loader)`,
+    both prepared), then `fit`. Returns the trained model as prepared, and the task."""
+    check_batch_fits(len(dataset), cfg, accelerator)
+    sampler = EpochSampler(len(dataset), cfg.seed)
+    loader = make_loader(
+        dataset, batch_size=cfg.loop.batch_size, sampler=sampler, collate_fn=collate_fn, num_workers=num_workers
+    )
+    lr, _ = effective_lr(cfg, accelerator)
+    opt = optimizer(model, lr)
+    configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
+    model, opt, loader, *val = accelerator.prepare(model, opt, loader, *([val_loader] if val_loader else []))
+    if cfg.loop.compile:
+        model = compile_model(model, accelerator.device.type)
+    the_task = task(model, val[0] if val else None)
+    train(
+        cfg,
+        the_task,
+        accelerator=accelerator,
+        optimizer=opt,
+        loader=loader,
+        sampler=sampler,
+        lr=lr,
+        what=what,
+        resume_from=resume_from,
+    )
+    return model, the_task
 
 
 def peak_lr(schedule: Schedule) -> float:

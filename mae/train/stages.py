@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import yaml
 
 from mae.config import ConfigError, PretrainConfig, to_dict
-from mae.data.samplers import EpochSampler
 from mae.data.sources import open_source
 from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import describe_vit, save_encoder, timm_architecture
@@ -16,19 +14,15 @@ from mae.importers import load_pretrained
 from mae.models.decoder import DECODERS
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
+from mae.run_folder import ENCODER, PREVIEW, run_config
 from mae.train.features import KnnMonitor
 from mae.train.run import (
     adamw,
-    check_batch_fits,
     check_output_dir,
-    compile_model,
-    configure_speed,
-    effective_lr,
     find_resume_checkpoint,
-    make_loader,
+    launch,
     open_accelerator,
     plain_model,
-    train,
 )
 from mae.train.tasks import PretrainTask
 
@@ -79,28 +73,6 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
             "use --model.decoder cross to predict a fraction of them"
         )
     check_masking(cfg.model.masking, (hw[0] // patch, hw[1] // patch), cfg.model.mask_ratio, "--model.masking")
-    checks = [
-        ("model.mask_ratio", cfg.model.mask_ratio, 0.0 <= cfg.model.mask_ratio < 1.0, "in [0, 1)"),
-        ("loop.epochs", cfg.loop.epochs, cfg.loop.epochs >= 1, ">= 1"),
-        ("loop.batch_size", cfg.loop.batch_size, cfg.loop.batch_size >= 1, ">= 1"),
-        ("loop.accum_steps", cfg.loop.accum_steps, cfg.loop.accum_steps >= 1, ">= 1"),
-        ("loop.log_every", cfg.loop.log_every, cfg.loop.log_every >= 1, ">= 1"),
-        ("loop.checkpoint_every", cfg.loop.checkpoint_every, cfg.loop.checkpoint_every >= 1, ">= 1"),
-        ("loop.keep_checkpoints", cfg.loop.keep_checkpoints, cfg.loop.keep_checkpoints >= 1, ">= 1"),
-        ("data.num_workers", cfg.data.num_workers, cfg.data.num_workers >= 0, ">= 0"),
-        ("optim.blr", cfg.optim.blr, cfg.optim.blr > 0, "> 0"),
-        ("optim.weight_decay", cfg.optim.weight_decay, cfg.optim.weight_decay >= 0, ">= 0"),
-        ("optim.warmup_epochs", cfg.optim.warmup_epochs, cfg.optim.warmup_epochs >= 0, ">= 0"),
-        (
-            "data.crop_scale",
-            cfg.data.crop_scale,
-            0 < cfg.data.crop_scale[0] <= cfg.data.crop_scale[1] <= 1,
-            "0 < min <= max <= 1",
-        ),
-    ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise ConfigError(f"--{name} {value}: must be {allowed}")
     check_output_dir(cfg)
 
 
@@ -133,50 +105,33 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         masking=cfg.model.masking,
         mask_ratio=cfg.model.mask_ratio,
     )
-    sampler = EpochSampler(len(samples), cfg.seed)
-    check_batch_fits(len(samples), cfg, accelerator)
-    loader = make_loader(
-        samples,
-        batch_size=cfg.loop.batch_size,
-        sampler=sampler,
+    preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
+    decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
+    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
+    model, _ = launch(
+        cfg,
+        accelerator=accelerator,
+        model=model,
+        dataset=samples,
         collate_fn=collate_samples,
         num_workers=cfg.data.num_workers,
-    )
-    lr, _ = effective_lr(cfg, accelerator)
-    optimizer = adamw(model, lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
-    configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    if cfg.loop.compile:
-        model = compile_model(model, accelerator.device.type)
-    preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
-    task = PretrainTask(
-        model,
-        accelerator=accelerator,
-        mean=cfg.data.mean,
-        std=cfg.data.std,
-        preview_batch=preview if preview["image"] is not None else None,
-        output_dir=output_dir,
-        knn_monitor=knn_monitor(cfg, plain_model(accelerator, model).img_size),
-    )
-    plain = plain_model(accelerator, model)
-    decoder = f"decoder {plain.decoder.embed.out_features} x {len(plain.decoder.blocks)}"
-    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(plain)[1])}, {decoder}"
-    what = f"pretraining {arch} on {len(samples)} images ({cfg.data.path or 'demo photos'})"
-    train(
-        cfg,
-        task,
-        accelerator=accelerator,
-        optimizer=optimizer,
-        loader=loader,
-        sampler=sampler,
-        lr=lr,
-        what=what,
+        optimizer=lambda m, lr: adamw(m, lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)),
+        task=lambda m, _: PretrainTask(
+            m,
+            accelerator=accelerator,
+            mean=cfg.data.mean,
+            std=cfg.data.std,
+            preview_batch=preview if preview["image"] is not None else None,
+            output_dir=output_dir,
+            knn_monitor=knn_monitor(cfg, samples.img_size),
+        ),
+        what=f"pretraining {arch} on {len(samples)} images ({cfg.data.path or 'demo photos'})",
         resume_from=resume_from,
     )
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        path = save_encoder(plain_model(accelerator, model), output_dir / "encoder.safetensors", to_dict(cfg))
-        accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / 'preview.png'}")
+        path = save_encoder(plain_model(accelerator, model), output_dir / ENCODER, to_dict(cfg))
+        accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
     accelerator.end_training()
     return output_dir
 
@@ -251,15 +206,17 @@ def run_visualize(cfg) -> Path:
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         vit, _, _ = build_classifier(source, 0)
         size = tuple(source["args"]["img_size"])
-        grid = attention_grid(vit, _read_images(cfg.images, size), tuple(source["mean"]), tuple(source["std"]))
+        try:
+            grid = attention_grid(vit, _read_images(cfg.images, size), tuple(source["mean"]), tuple(source["std"]))
+        except ValueError as e:  # e.g. an encoder without a class token
+            raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         path = save_grid(grid, cfg.output)
         print(f"wrote {path} (cls attention of the last block, {len(cfg.images)} images)")
         return path
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint: required (a pretraining output folder or a checkpoint with a decoder)")
     model = load_pretrained(cfg.checkpoint)
-    config_file = Path(cfg.checkpoint) / "config.yaml"
-    run = yaml.safe_load(config_file.read_text()) if config_file.exists() else {}
+    run = run_config(cfg.checkpoint) or {}
     data = run.get("data", {})
     mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
     images = _read_images(cfg.images, model.img_size)

@@ -9,8 +9,8 @@ import torch
 from accelerate import Accelerator
 
 from mae.data.transforms import normalize
-from mae.train.features import topk_accuracy
-from mae.train.metrics import report_bad_files
+from mae.run_folder import PREVIEW, preview_path
+from mae.train.features import predict, topk_accuracy
 from mae.train.run import plain_model
 from mae.visualize import reconstruction_grid, save_grid
 
@@ -51,12 +51,12 @@ class PretrainTask:
             grid, loss = reconstruction_grid(
                 model, self.preview_batch["image"], self.preview_batch["noise"], self.mean, self.std
             )
-        save_grid(grid, self.output_dir / "previews" / f"epoch_{epoch:04d}.png")
-        save_grid(grid, self.output_dir / "preview.png")
+        save_grid(grid, self.output_dir / preview_path(epoch))
+        save_grid(grid, self.output_dir / PREVIEW)
         for tracker in self.accelerator.trackers:
             if tracker.name == "tensorboard":
                 tracker.writer.add_image("reconstructions", grid, epoch)
-        result = {"eval": "preview", "loss": loss, "preview": f"previews/epoch_{epoch:04d}.png"}
+        result = {"eval": "preview", "loss": loss, "preview": preview_path(epoch)}
         if self.knn_monitor is not None:
             with self.accelerator.autocast():
                 result.update({f"knn_{k}": v for k, v in self.knn_monitor(model.encoder).items()})
@@ -101,23 +101,8 @@ class ClassifierTask:
         if self.ema is not None:
             self.ema.update(plain_model(self.accelerator, self.model))
 
-    @torch.no_grad()
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any]:
         model = self.ema.module if self.ema is not None else self.model
-        was_training = model.training
-        model.eval()
-        logits, labels, bad = [], [], []
-        for batch in self.val_loader:
-            bad.extend(batch.get("bad", []))
-            if batch["image"] is None:
-                continue
-            with self.accelerator.autocast():
-                out = model(batch["image"]).float()
-            out, y = self.accelerator.gather_for_metrics((out, batch["label"]))
-            logits.append(out.cpu())
-            labels.append(y.cpu())
-        model.train(was_training)
-        report_bad_files(self.accelerator, bad, self.bad_val_files)
-        logits, labels = torch.cat(logits), torch.cat(labels)
+        logits, labels = predict(model, self.val_loader, self.accelerator, self.bad_val_files)
         loss = torch.nn.functional.cross_entropy(logits, labels).item()
         return {"eval": "val", "loss": loss, **topk_accuracy(logits, labels), "samples": len(labels)}
