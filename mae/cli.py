@@ -26,6 +26,7 @@ from mae.config import (
     KnnConfig,
     LinprobeConfig,
     PretrainConfig,
+    StatsConfig,
     VisualizeConfig,
     check_config,
 )
@@ -44,6 +45,7 @@ STAGES: dict[str, tuple[type, str]] = {
     "knn": (KnnConfig, "Weighted k-NN classification with the frozen encoder's features."),
     "visualize": (VisualizeConfig, "Write original | masked | reconstruction grids for some images."),
     "export": (ExportConfig, "Write the encoder as safetensors with timm key names."),
+    "stats": (StatsConfig, "Print the per-channel mean and std of a data set (what --data.mean auto measures)."),
     "convert": (ConvertConfig, "Convert another toolkit's MAE checkpoint to this project's safetensors."),
 }
 
@@ -86,6 +88,8 @@ def parse(stage: str, argv: list[str]) -> Any:
 
 
 def _one_line(message: object) -> str:
+    if "Original Traceback" in str(message):  # re-raised from a DataLoader worker: its cause, not its traceback
+        return _cause(message)
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     # argparse names a missing option by its destination ("required: output"); users type "--output".
     return re.sub(
@@ -164,6 +168,15 @@ def run_stage(stage: str, cfg: Any) -> None:
 
         path = export_encoder(cfg.checkpoint, cfg.output, format=cfg.format)
         print(f"wrote {path}")
+    elif stage == "stats":
+        from mae.data.sources import open_source
+        from mae.data.stats import channel_stats
+
+        source = open_source(cfg.data.path, cfg.data.image_column)
+        mean, std = channel_stats(source, cfg.model.in_chans, samples=cfg.samples, seed=cfg.seed)
+        print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
+        print(f"mean {mean}\nstd  {std}")
+        print(f"--data.mean '{mean}' --data.std '{std}'")
     elif stage == "convert":
         from mae.export import export_encoder, save_model
         from mae.importers import load_pretrained

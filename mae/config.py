@@ -85,6 +85,9 @@ class ModelConfig:
     """Input size: an int or [H, W]; a multiple of the patch size."""
     patch_size: int | None = ranged(None, ge=1)
     """Patch size; null keeps the preset's."""
+    in_chans: int = ranged(3, ge=1)
+    """Image channels: 3 for RGB (images of any mode are converted), 1 for grayscale (8- or 16-bit), N for
+    multispectral TIFF or .npy arrays (H x W x N); a file with another channel count is an error."""
     embed_dim: int | None = ranged(None, ge=4)
     """Encoder width (a multiple of 4 and of the head count); null keeps the preset's."""
     depth: int | None = ranged(None, ge=1)
@@ -126,10 +129,15 @@ class DataConfig:
     """RandomResizedCrop area range (the paper's 0.2-1.0)."""
     hflip: bool = True
     """Random horizontal flip."""
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    """Per-channel normalisation mean (pixels in [0, 1])."""
-    std: tuple[float, float, float] = ranged(IMAGENET_STD, gt=0)
-    """Per-channel normalisation std (pixels in [0, 1])."""
+    mean: Union[tuple[float, ...], Literal["auto"]] = IMAGENET_MEAN  # noqa: UP007 (jsonargparse reads the Union)
+    """Per-channel normalisation mean (pixels in [0, 1]), one per channel; auto: measured on a seeded sample of the
+    data at start (`mae stats`), then recorded in config.yaml and the export."""
+    std: Union[tuple[float, ...], Literal["auto"]] = ruled(  # noqa: UP007
+        IMAGENET_STD, lambda v: v == "auto" or all(x > 0 for x in v), "> 0 for every channel, or auto"
+    )
+    """Per-channel normalisation std (pixels in [0, 1]), one per channel; auto: measured like --data.mean."""
+    preview_bands: tuple[int, int, int] | None = ranged(None, ge=0)
+    """Which three channels the previews show as red, green, blue (more than 3 channels); null = the first three."""
     num_workers: int = ranged(2, ge=0)
     """DataLoader worker processes per training process (0 = load in the training process)."""
 
@@ -183,10 +191,11 @@ class LoopConfig:
     attention: Literal["auto", "fused", "math"] = "auto"
     """Attention kernel: fused (SDPA) or math (explicit matmuls); auto = math for bf16 on a CPU, where
     measured faster (scripts/benchmark.py), else fused."""
-    compile: bool = False
-    """torch.compile the network that runs (the MAE, the fine-tuned ViT, the probe, the k-NN encoder). On 2 CPU
-    cores (scripts/benchmark.py): the small Fashion-MNIST ViT's step 1.14-1.22x faster (a whole run ~+5%: the
-    loader shares the cores), ViT-S no faster; compiling takes ~15 s to a minute."""
+    compile: Union[bool, Literal["auto"]] = "auto"  # noqa: UP007 (jsonargparse reads the Union)
+    """torch.compile the network that runs (the MAE, the fine-tuned ViT, the probe, the k-NN encoder); the first
+    step's time (compilation included) is printed. auto: on a GPU, not on a CPU, where scripts/benchmark.py
+    measured the small Fashion-MNIST ViT's step 1.14-1.22x faster but a whole 2-core run only ~+5% (the loader
+    shares the cores), ViT-S no faster, for ~15 s to a minute of compiling."""
 
 
 @dataclass(frozen=True)
@@ -405,8 +414,40 @@ class VisualizeConfig:
     """Fraction of patches to mask; null = the model's."""
     masking: str | None = None
     """Mask generator (see mae pretrain --help); null = the run's (its config.yaml), else random."""
+    bands: tuple[int, int, int] | None = ranged(None, ge=0)
+    """Channels shown as red, green, blue for images of more than 3 channels; null = the run's preview bands."""
     seed: int = ranged(0, ge=0)
     """Seeds the masks."""
+
+
+@dataclass(frozen=True)
+class StatsDataConfig:
+    """The images to measure."""
+
+    path: str | None = None
+    """An image folder, a `save_to_disk` folder, or hf:NAME[:split] (as mae pretrain reads them); null = demo images."""
+    image_column: str | None = None
+    """Image column of a `datasets` source; null picks the first Image feature."""
+
+
+@dataclass(frozen=True)
+class StatsModelConfig:
+    """How the images are read."""
+
+    in_chans: int = ranged(3, ge=1)
+    """Channels per image, as in mae pretrain (3: RGB; 1: grayscale; N: multispectral)."""
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """mae stats."""
+
+    data: StatsDataConfig = field(default_factory=StatsDataConfig)
+    model: StatsModelConfig = field(default_factory=StatsModelConfig)
+    samples: int = ranged(1000, ge=1)
+    """How many images (a seeded sample) to measure."""
+    seed: int = ranged(0, ge=0)
+    """Seeds the sample."""
 
 
 @dataclass(frozen=True)

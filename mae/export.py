@@ -66,9 +66,16 @@ def timm_pretrained_cfg(
     }
 
 
-def encoder_state_dict(model: MaskedAutoencoder) -> dict[str, torch.Tensor]:
-    """The encoder's weights with timm key names, as contiguous unshared CPU tensors."""
-    return {k: v.detach().cpu().contiguous().clone() for k, v in model.encoder.state_dict().items()}
+def encoder_state_dict(
+    model: MaskedAutoencoder, full_state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The encoder's weights with timm key names, as contiguous unshared CPU tensors; from `full_state`
+    (the whole MAE's state dict, gathered from sharded training) when given, else from `model`."""
+    if full_state is not None:
+        state = {k[len("encoder.") :]: v for k, v in full_state.items() if k.startswith("encoder.")}
+    else:
+        state = model.encoder.state_dict()
+    return {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
 
 
 def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> Path:
@@ -82,8 +89,14 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
     return path
 
 
-def save_encoder(model: MaskedAutoencoder, path: str | os.PathLike, config: dict[str, Any] | None = None) -> Path:
-    """Write encoder-only safetensors (timm keys) with metadata describing it."""
+def save_encoder(
+    model: MaskedAutoencoder,
+    path: str | os.PathLike,
+    config: dict[str, Any] | None = None,
+    full_state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write encoder-only safetensors (timm keys) with metadata describing it; the weights come from
+    `full_state` when given (see `encoder_state_dict`)."""
     arch, args = timm_architecture(model)
     data = (config or {}).get("data", {})
     mean, std = list(data.get("mean", IMAGENET_MEAN)), list(data.get("std", IMAGENET_STD))
@@ -102,7 +115,7 @@ def save_encoder(model: MaskedAutoencoder, path: str | os.PathLike, config: dict
     }
     if config is not None:
         metadata["config"] = json.dumps(config)
-    return _save(encoder_state_dict(model), Path(path), metadata)
+    return _save(encoder_state_dict(model, full_state), Path(path), metadata)
 
 
 def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
@@ -329,6 +342,7 @@ def save_classifier(
     std: list[float],
     config: dict[str, Any] | None = None,
     crop_pct: float = 0.875,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads, head
     included, when given the `pretrained_cfg` in its metadata (see the README)."""
@@ -348,5 +362,6 @@ def save_classifier(
     }
     if config is not None:
         metadata["config"] = json.dumps(config)
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    state = model.state_dict() if state is None else state
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
     return _save(tensors, Path(path), metadata)

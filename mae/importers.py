@@ -329,10 +329,13 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
         raise CheckpointError(f"{p}: cannot build the model it describes ({e})") from None
     if model.grid_size != _grid_of(state):  # fixed sine-cosine tables: rebuild, never resample
         state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
+    state, fresh = _adapt_channels(state, model.in_chans, p)
     result = model.load_state_dict(state, strict=False)
     # Position embeddings are fixed tables, and an encoder-only file leaves the decoder to its init.
     missing = [
-        k for k in result.missing_keys if not k.endswith("pos_embed") and (has_decoder or not k.startswith("decoder."))
+        k
+        for k in result.missing_keys
+        if not k.endswith("pos_embed") and (has_decoder or not k.startswith("decoder.")) and k not in fresh
     ]
     if result.unexpected_keys or missing:
         raise CheckpointError(
@@ -342,6 +345,29 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     if not has_decoder:
         warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=2)
     return model
+
+
+def _adapt_channels(
+    state: dict[str, torch.Tensor], in_chans: int, path: Path
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Weights for another channel count (e.g. RGB weights for a grayscale or multispectral model): the patch
+    embedding adapted as timm's `adapt_input_conv` does (summed for 1 channel, repeated and rescaled for
+    more), the decoder's pixel head (whose outputs are per channel) left to its initialisation; warned.
+    Returns (state, the keys left fresh)."""
+    key = "encoder.patch_embed.proj.weight"
+    stored = state[key].shape[1]
+    if stored == in_chans:
+        return state, set()
+    from timm.models import adapt_input_conv
+
+    state = {**state, key: adapt_input_conv(in_chans, state[key], base_chans=stored)}
+    fresh = {k for k in state if k.startswith("decoder.pred.")}
+    warnings.warn(
+        f"{path}: {stored}-channel weights adapted to {in_chans} channels (patch embedding as timm's "
+        "adapt_input_conv; the decoder's pixel head starts fresh)",
+        stacklevel=3,
+    )
+    return {k: v for k, v in state.items() if k not in fresh}, fresh
 
 
 def _grid_of(state: dict[str, torch.Tensor]) -> tuple[int, int] | None:

@@ -21,9 +21,11 @@ def reconstruction_grid(
     noise: torch.Tensor,
     mean: tuple[float, ...],
     std: tuple[float, ...],
+    bands: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """`images` uint8 [N, 3, H, W], `noise` [N, L] -> (an RGB grid [3, H', W'] in [0, 1] with a row per
-    image, the loss on these images).
+    """`images` [N, C, H, W] (uint8, or float in [0, 1]), `noise` [N, L] -> (an RGB grid [3, H', W'] in
+    [0, 1] with a row per image, the loss on these images). One channel shows as grey; more than three
+    through `bands` (red, green, blue; default the first three).
 
     Norm-pix predictions are mapped back to pixels with each patch's true mean and std, as the
     paper's figures do; masked areas are shown grey.
@@ -45,9 +47,16 @@ def reconstruction_grid(
     masked = torch.where(mask_img.bool(), grey, original)
     reconstructed = denormalize(recon, mean, std)
     pasted = torch.where(mask_img.bool(), reconstructed, original)
-    rows = torch.stack([original, masked, reconstructed, pasted], dim=1).flatten(0, 1)
+    rows = torch.stack([as_rgb(t, bands) for t in (original, masked, reconstructed, pasted)], dim=1).flatten(0, 1)
     model.train(was_training)
     return make_grid(rows.float().cpu(), nrow=4, padding=2, pad_value=1.0), out.loss.item()
+
+
+def as_rgb(images: torch.Tensor, bands: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """[N, C, H, W] -> [N, 3, H, W] for display: grey for one channel, `bands` (or the first three) else."""
+    if images.shape[1] == 1:
+        return images.expand(-1, 3, -1, -1)
+    return images[:, list(bands or (0, 1, 2))]
 
 
 def save_grid(grid: torch.Tensor, path: str | Path) -> Path:

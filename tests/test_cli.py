@@ -28,9 +28,8 @@ def ruled_fields(cls, prefix=""):
 def bad_value(f) -> list[str] | None:
     """Command-line words for a value of `f`'s type that its rule refuses."""
     rule = f.metadata["rule"]
-    length = (
-        len(f.default) if isinstance(f.default, tuple) else str(f.type).count("float") if "tuple" in str(f.type) else 0
-    )
+    inner = str(f.type).split("tuple[")[1].split("]")[0].split(",") if "tuple[" in str(f.type) else []
+    length = len(f.default) if isinstance(f.default, tuple) else (3 if "..." in inner[-1:] else len(inner))
     for value in (-1, 0, 1, 1.5, 10**9):
         as_tuple = length > 0
         candidate = (value,) * length if as_tuple else value

@@ -4,7 +4,9 @@ import pytest
 
 from mae.cli import STAGES, parse
 
-RECIPES = sorted((Path(__file__).parents[1] / "recipes").rglob("*.yaml"))
+ROOT = Path(__file__).parents[1] / "recipes"
+RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if p.parent.name != "accelerate")
+LAUNCH_CONFIGS = sorted((ROOT / "accelerate").glob("*.yaml"))
 
 
 def test_there_are_recipes():
@@ -19,3 +21,24 @@ def test_recipe_parses_and_has_a_header(recipe):
     stage = recipe.parent.name if recipe.parent.name in STAGES else recipe.stem
     cfg = parse(stage, ["--config", str(recipe), "--data.path", "somewhere"])
     assert cfg.data.path == "somewhere"
+
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS, ids=lambda p: p.stem)
+def test_launch_configs_load_and_wrap_every_block(config):
+    """An `accelerate launch --config_file` for FSDP: Accelerate reads it, and its wrap plan makes every
+    transformer block of the MAE (encoder and either decoder) an FSDP unit, which together hold nearly
+    all the weights (what sharding saves)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    import mae
+
+    assert config.read_text().startswith("#")
+    cluster = load_config_from_file(str(config))
+    assert cluster.distributed_type == "FSDP" and cluster.fsdp_config["fsdp_version"] == 2
+    wrapped = set(cluster.fsdp_config["fsdp_transformer_layer_cls_to_wrap"].split(","))
+    for decoder in ("mae", "cross"):
+        model = mae.create_mae("mae_vit_large_patch16", depth=2, decoder_depth=2, decoder=decoder)
+        blocks = [m for m in model.modules() if type(m).__name__ in wrapped]
+        assert len(blocks) == 4
+        in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
+        assert in_blocks / sum(p.numel() for p in model.parameters()) > 0.9

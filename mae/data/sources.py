@@ -1,4 +1,5 @@
-"""Image sources behind one interface: `len(source)`, `source.load(i) -> PIL RGB image`, `source.name(i)`.
+"""Image sources behind one interface: `len(source)`, `source.load(i) -> PIL RGB image`, `source.name(i)`,
+and `source.load_array(i) -> [H, W, C]` for any channel count (grayscale, 16-bit, multispectral).
 
 - an unlabeled folder: recursive, any nesting, listed with `os.scandir` (no copies, no decoding);
 - a Hugging Face `datasets` dataset: `hf:NAME[:split]` or a `save_to_disk` folder;
@@ -17,7 +18,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"})
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".npy"}
+)
 # scikit-image's bundled photos (CC0 / public domain), loaded without any download.
 DEMO_IMAGES = (
     "astronaut",
@@ -43,6 +46,18 @@ class DataError(ValueError):
     """Bad data input; the message names the path or option and says what to do."""
 
 
+class ChannelError(DataError):
+    """An image whose channel count is not the run's: an error that ends the run, not a file to skip."""
+
+
+def check_channels(array: np.ndarray, in_chans: int, name: str) -> None:
+    if array.shape[2] != in_chans:
+        raise ChannelError(
+            f"{name}: {array.shape[2]} channel(s), but --model.in_chans is {in_chans}; give every image that many "
+            "channels, or set --model.in_chans to match"
+        )
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
     """Any PIL image -> RGB: EXIF orientation applied; 16-bit and float scaled, not clipped."""
     img = ImageOps.exif_transpose(img)
@@ -53,6 +68,58 @@ def to_rgb(img: Image.Image) -> Image.Image:
     if img.mode in ("P", "PA", "LA", "RGBA"):
         img = img.convert("RGBA")
     return img.convert("RGB")
+
+
+# PIL modes that are one band of data; every other mode but RGB(A) and LA is colour, read as RGB.
+_SINGLE_BAND = ("L", "I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def pil_array(img: Image.Image) -> np.ndarray:
+    """A PIL image as [H, W, C] at its stored precision (EXIF orientation applied): one band for grayscale
+    of any depth, RGB(A) as 3 (4) bands, other colour modes converted to RGB."""
+    img = ImageOps.exif_transpose(img)
+    if img.mode == "1":
+        img = img.convert("L")
+    elif img.mode not in (*_SINGLE_BAND, "RGB", "RGBA", "LA"):
+        img = img.convert("RGBA" if img.mode in ("P", "PA") and "transparency" in img.info else "RGB")
+    return np.asarray(img)
+
+
+def image_array(a: np.ndarray, name: str) -> np.ndarray:
+    """[H, W, C] float32 in [0, 1] from any stored array: 8-bit / 255, 16-bit / 65535 (full precision, never
+    through 8 bits), floats as stored. H x W arrays get one channel."""
+    if a.ndim == 2:
+        a = a[:, :, None]
+    if a.ndim != 3:
+        raise DataError(f"{name}: an image array must be H x W or H x W x C, not of shape {tuple(a.shape)}")
+    if a.dtype == np.uint8 or a.dtype == bool:
+        return a.astype(np.float32) / (1.0 if a.dtype == bool else 255.0)
+    if np.issubdtype(a.dtype, np.integer):  # 16-bit data (PIL reads some 16-bit PNGs as 32-bit "I")
+        return a.astype(np.float32) / 65535.0
+    return a.astype(np.float32, copy=False)
+
+
+def read_array(path: str) -> np.ndarray:
+    """A file as [H, W, C] float32: `.npy` arrays (H x W x C), TIFFs of any band count (tifffile; planar
+    C x H x W is transposed), everything else through PIL (`pil_array`)."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".npy":
+        a = np.load(path, allow_pickle=False)
+    elif suffix in (".tif", ".tiff"):
+        import tifffile
+
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]
+            a = tif.asarray()  # the first series: every page of a band-per-page file
+            rgb_alpha = page.photometric == tifffile.PHOTOMETRIC.RGB and len(page.extrasamples) > 0
+        if a.ndim == 3 and a.shape[0] < min(a.shape[1:]) and a.shape[-1] > 32:  # bands first
+            a = np.moveaxis(a, 0, -1)
+        if rgb_alpha:  # an RGB image with an alpha channel: colour, not 4 bands of data
+            a = a[..., :3]
+    else:
+        with Image.open(path) as img:
+            a = pil_array(img)
+    return image_array(a, path)
 
 
 def iter_image_files(root: str | os.PathLike) -> Iterator[str]:
@@ -98,8 +165,17 @@ class FolderSource:
         costs more than the training step."""
         self.decode_side = side
 
+    def load_array(self, i: int) -> np.ndarray:
+        return read_array(str(self.paths[i]))
+
     def load(self, i: int) -> Image.Image:
-        with Image.open(str(self.paths[i])) as img:
+        path = str(self.paths[i])
+        if path.lower().endswith((".npy", ".tif", ".tiff")):  # arrays of any band count: RGB must be 3 (or 1)
+            a = read_array(path)
+            rgb = a.repeat(3, axis=2) if a.shape[2] == 1 else a
+            check_channels(rgb, 3, path)
+            return Image.fromarray(np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8))
+        with Image.open(path) as img:
             if self.decode_side and img.format == "JPEG" and min(img.size) > self.decode_side:
                 scale = self.decode_side / min(img.size)
                 img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
@@ -131,6 +207,12 @@ class HFSource:
 
     def name(self, i: int) -> str:
         return f"{self.label}[{i}]"
+
+    def load_array(self, i: int) -> np.ndarray:
+        value = self.dataset[int(i)][self.column]
+        if isinstance(value, dict):  # undecoded {"bytes", "path"}
+            value = Image.open(io.BytesIO(value["bytes"]) if value.get("bytes") else value["path"])
+        return image_array(value if isinstance(value, np.ndarray) else pil_array(value), self.name(i))
 
     def load(self, i: int) -> Image.Image:
         value = self.dataset[int(i)][self.column]
@@ -165,6 +247,9 @@ class DemoSource:
 
     def load(self, i: int) -> Image.Image:
         return self.images[i % len(self.images)][1].copy()
+
+    def load_array(self, i: int) -> np.ndarray:
+        return image_array(np.asarray(self.images[i % len(self.images)][1]), self.name(i))
 
 
 def load_hf_dataset(path: str, option: str = "--data.path"):

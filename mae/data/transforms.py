@@ -17,6 +17,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode, RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
 
+from mae.data.sources import ChannelError, check_channels
 from mae.models.masking import mask_generator, num_visible
 
 # The errors a broken image file raises on open or decode.
@@ -28,11 +29,20 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> 1)
 
 
-def load_image(source, index: int):
-    """(PIL image, None), or (None, {"bad": (name, reason)}) when the file cannot be decoded. Reporting
-    travels with the batch so the training process warns once per file, whatever the workers."""
+def load_image(source, index: int, in_chans: int = 3):
+    """(image, None), or (None, {"bad": (name, reason)}) when the file cannot be decoded. Reporting
+    travels with the batch so the training process warns once per file, whatever the workers.
+
+    The image is PIL RGB for 3 channels (any mode converted, 8 bits), else a float tensor [C, H, W] in
+    [0, 1] at the file's precision; a file with another channel count raises `ChannelError`."""
     try:
-        return source.load(index), None
+        if in_chans == 3:
+            return source.load(index), None
+        array = source.load_array(index)
+        check_channels(array, in_chans, source.name(index))
+        return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1), None
+    except ChannelError:
+        raise
     except DECODE_ERRORS as e:
         reason = f"{type(e).__name__}: {e}".splitlines()[0][:200]
         return None, {"bad": (source.name(index), reason)}
@@ -44,7 +54,8 @@ def split_bad(samples: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
 
 
 class PretrainSamples(torch.utils.data.Dataset):
-    """`dataset[(epoch, index)]` -> {"image": uint8 [3, H, W], "noise": [L], "index": int}, or
+    """`dataset[(epoch, index)]` -> {"image": [C, H, W], "noise": [L], "index": int} (uint8 for RGB, float in
+    [0, 1] at the file's precision for other channel counts), or
     {"bad": (name, reason)} when the file cannot be decoded. `noise` comes from the `masking` generator
     (`mae.models.masking`): the model keeps the `int(L * (1 - mask_ratio))` patches of lowest noise."""
 
@@ -59,8 +70,10 @@ class PretrainSamples(torch.utils.data.Dataset):
         hflip: bool = True,
         masking: str = "random",
         mask_ratio: float = 0.75,
+        in_chans: int = 3,
     ) -> None:
         self.source = source
+        self.in_chans = in_chans
         self.img_size = img_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_keep = num_visible(self.grid_size[0] * self.grid_size[1], mask_ratio)
@@ -77,7 +90,7 @@ class PretrainSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> dict:
         epoch, index = key
-        img, bad = load_image(self.source, index)
+        img, bad = load_image(self.source, index, self.in_chans)
         if bad is not None:
             return bad
         with torch.random.fork_rng(devices=[]):
@@ -87,10 +100,12 @@ class PretrainSamples(torch.utils.data.Dataset):
             top, left, h, w = RandomResizedCrop.get_params(img, scale=list(self.crop_scale), ratio=[3 / 4, 4 / 3])
             flip = self.hflip and torch.rand(()) < 0.5
             noise = self.mask_generator(self.grid_size, self.num_keep, torch.default_generator)
-        img = F.resized_crop(img, top, left, h, w, list(self.img_size), interpolation=InterpolationMode.BICUBIC)
+        img = F.resized_crop(
+            img, top, left, h, w, list(self.img_size), interpolation=InterpolationMode.BICUBIC, antialias=True
+        )
         if flip:
             img = F.horizontal_flip(img)
-        return {"image": F.pil_to_tensor(img), "noise": noise, "index": index}
+        return {"image": img if isinstance(img, torch.Tensor) else F.pil_to_tensor(img), "noise": noise, "index": index}
 
 
 def collate_samples(samples: list[dict]) -> dict:
@@ -106,11 +121,15 @@ def collate_samples(samples: list[dict]) -> dict:
     }
 
 
-def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """uint8 [N, C, H, W] -> float, normalised; done on the training device (4x less to transfer)."""
-    m = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
-    return (images.float() / 255.0 - m) / s
+def normalize(
+    images: torch.Tensor, mean: tuple[float, ...] | torch.Tensor, std: tuple[float, ...] | torch.Tensor
+) -> torch.Tensor:
+    """[N, C, H, W] uint8 (RGB, 4x less to transfer) or float in [0, 1] -> float, normalised; done on the
+    training device. `mean` and `std` may be tensors already on that device (no copy per batch)."""
+    m = torch.as_tensor(mean, device=images.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, device=images.device).view(1, -1, 1, 1)
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    return (x - m) / s
 
 
 def denormalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

@@ -26,12 +26,13 @@ from mae.train.metrics import MetricsWriter
 from mae.train.run import (
     adamw,
     check_output_dir,
-    compile_model,
     configure_speed,
     effective_lr,
     find_resume_checkpoint,
+    full_state_dict,
     launch,
     make_loader,
+    maybe_compile,
     open_accelerator,
     plain_model,
     warn,
@@ -81,9 +82,15 @@ def validate(cfg: Any) -> None:
 
 def load_source(cfg: Any) -> dict[str, Any]:
     try:
-        return encoder_source(cfg.pretrained, cfg.model.img_size)
+        source = encoder_source(cfg.pretrained, cfg.model.img_size)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
+    if source["args"].get("in_chans", 3) != 3:
+        raise ConfigError(
+            f"--pretrained {cfg.pretrained}: a {source['args']['in_chans']}-channel encoder; linprobe, finetune and "
+            "knn read RGB images so far (its export loads in timm with in_chans for your own evaluation)"
+        )
+    return source
 
 
 def labeled_splits(cfg: Any):
@@ -131,7 +138,9 @@ def eval_loader(source, transform, cfg: Any, size: tuple[int, int]):
     )
 
 
-def _finish(accelerator, cfg, model, arch, args, classes, mean, std) -> Path:
+def _finish(accelerator, cfg, model, arch, args, classes, mean, std, state=None) -> Path:
+    """Write classes.json and the classifier (its weights from `state`, a gathered full state dict, when
+    given; else from `model`) on the main process."""
     out = Path(cfg.output_dir)
     accelerator.wait_for_everyone()
     path = out / CLASSIFIER
@@ -147,6 +156,7 @@ def _finish(accelerator, cfg, model, arch, args, classes, mean, std) -> Path:
             std=list(std),
             config=to_dict(cfg),
             crop_pct=cfg.data.crop_pct,
+            state=state,
         )
         accelerator.print(f"done: classifier in {path}, metrics in {out / 'metrics.jsonl'}")
     accelerator.end_training()
@@ -310,8 +320,10 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         val_loader=val_loader,
     )
     ema = task.ema
-    final = ema.module if ema is not None else plain_model(accelerator, model)
-    return _finish(accelerator, cfg, final, arch, args, classes, mean, std)
+    if ema is not None:
+        return _finish(accelerator, cfg, ema.module, arch, args, classes, mean, std)
+    state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
+    return _finish(accelerator, cfg, plain_model(accelerator, model), arch, args, classes, mean, std, state)
 
 
 def mixup_and_criterion(cfg: FinetuneConfig, num_classes: int) -> tuple[Any, torch.nn.Module]:
@@ -338,8 +350,7 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     encoder, _, _ = build_classifier(source, 0, img_size=cfg.model.img_size, global_pool=cfg.model.pool, fc_norm=False)
     encoder.to(accelerator.device)
     configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
-    if cfg.loop.compile:
-        encoder = compile_model(encoder, accelerator.device.type)
+    encoder = maybe_compile(encoder, cfg.loop.compile, accelerator.device.type)
     tf = eval_transform(size, cfg, mean, std)
     bank, bank_labels = predict(
         encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size)), accelerator

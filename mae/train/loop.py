@@ -46,7 +46,7 @@ class LoopState:
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch in progress
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
-    nonfinite_steps: int = 0  # micro-steps skipped for a non-finite loss, in total
+    nonfinite_steps: int = 0  # optimizer steps skipped for non-finite gradients (a non-finite loss), in total
     bad_files: list[str] = field(default_factory=list)  # files that failed to decode (as of the last log line)
 
 
@@ -108,9 +108,13 @@ def fit(
         desc="train",
     )
     window = _Window(accelerator)
-    nonfinite_run = 0
+    skips = _Skips(accelerator, optimizer)
+    # One process checks its own stop flag every step (no collective); several agree on it at log steps.
+    stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
+    first_step: float | None = time.perf_counter()
 
     def checkpoint() -> None:
+        skips.collect(state)
         try:
             save_checkpoint(accelerator, output_dir, state.step, asdict(state), config_yaml, loop.keep_checkpoints)
         except OSError as e:
@@ -130,20 +134,10 @@ def fit(
                 state.batch_in_epoch += 1
                 window.bad.extend(batch.get("bad", []))
                 with accelerator.accumulate(task.model):
-                    loss = task.forward(batch)["loss"] if batch.get("image", 0) is not None else None
-                    if loss is not None and _all_finite(accelerator, loss):
-                        accelerator.backward(loss)
+                    if batch.get("image", 0) is not None:
+                        loss = task.forward(batch)["loss"]
+                        accelerator.backward(loss)  # a non-finite loss makes non-finite gradients: skipped below
                         window.add(loss, len(batch["image"]))
-                        nonfinite_run = 0
-                    elif loss is not None:
-                        state.nonfinite_steps += 1
-                        nonfinite_run += 1
-                        if nonfinite_run >= loop.max_nonfinite_steps:
-                            raise TrainingError(
-                                f"{nonfinite_run} non-finite losses in a row at step {state.step}; the last good "
-                                f"checkpoint is kept in {output_dir}/checkpoints. Lower --optim.blr, set "
-                                "--optim.clip_grad, or try --loop.mixed_precision no"
-                            )
                     if accelerator.sync_gradients:
                         lr = lr_at(
                             state.step,
@@ -153,14 +147,22 @@ def fit(
                             min_lr=schedule.min_lr,
                         )
                         apply_lr(optimizer, lr)
-                        if clip_grad:
-                            accelerator.clip_grad_norm_(task.model.parameters(), clip_grad)
-                        optimizer.step()
+                        skips.step(accelerator.clip_grad_norm_(task.model.parameters(), clip_grad or math.inf))
                         optimizer.zero_grad(set_to_none=True)
                         task.after_step()
                         state.step += 1
                         bar.update(1)
+                        if first_step is not None:
+                            _report_first_step(accelerator, task.model, time.perf_counter() - first_step)
+                            first_step = None
                         if state.step % loop.log_every == 0 or state.step == schedule.total_steps:
+                            run = skips.collect(state)
+                            if run >= loop.max_nonfinite_steps:
+                                raise TrainingError(
+                                    f"{run} non-finite losses in a row at step {state.step}; the last good "
+                                    f"checkpoint is kept in {output_dir}/checkpoints. Lower --optim.blr, set "
+                                    "--optim.clip_grad, or try --loop.mixed_precision no"
+                                )
                             record = window.flush(state, lr, steps_per_epoch)
                             if len({g.get("lr_scale", 1.0) for g in optimizer.param_groups}) > 1:
                                 record["group_lrs"] = [g["lr"] for g in optimizer.param_groups]
@@ -170,7 +172,7 @@ def fit(
                             )
                         if state.step % loop.checkpoint_every == 0:
                             checkpoint()
-                        if _any(accelerator, stop.requested):
+                        if state.step % stop_every == 0 and _any(accelerator, stop.requested):
                             checkpoint()
                             accelerator.print(
                                 f"\nstopped by signal at step {state.step}; checkpoint saved. "
@@ -193,6 +195,12 @@ def fit(
     return state
 
 
+def _report_first_step(accelerator: Accelerator, model: torch.nn.Module, seconds: float) -> None:
+    """The first step's time, which holds torch.compile's compilation when the model is compiled."""
+    if hasattr(model, "_orig_mod"):  # torch.compile's wrapper
+        accelerator.print(f"first step (torch.compile compiling) took {seconds:.1f} s")
+
+
 def _eval_line(epoch: int, epochs: int, result: dict[str, Any]) -> str:
     """An evaluation for the console: "epoch 3/10: val loss 0.4123, top1 87.20%, top5 99.10% (600 images)"."""
     parts = [f"{result.get('eval', 'eval')} loss {result['loss']:.4f}"]
@@ -205,25 +213,69 @@ def _eval_line(epoch: int, epochs: int, result: dict[str, Any]) -> str:
     return f"epoch {epoch}/{epochs}: " + ", ".join(parts) + extra
 
 
+class _Skips:
+    """Steps with non-finite gradients (a non-finite loss makes them so) are skipped and counted on the
+    device, as a gradient scaler does, and read only at log lines and checkpoints: no host sync per step.
+
+    The decision uses the global gradient norm, which every process computes from the same all-reduced
+    gradients, so all processes skip the same steps without a collective of their own. Optimizers with
+    a fused kernel (the AdamW of pretraining and fine-tuning, fused SGD) skip the update on the device
+    (`found_inf`, what torch's GradScaler hands them); others are stepped after reading the flag.
+    """
+
+    def __init__(self, accelerator: Accelerator, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's wrapper
+        self.fused = bool(inner.defaults.get("fused"))
+        self.inner = inner
+        self.skipped = torch.zeros((), device=accelerator.device)  # since the last read
+        self.run = torch.zeros((), device=accelerator.device)  # skipped steps in a row
+
+    def step(self, grad_norm: torch.Tensor | None) -> None:
+        """The optimizer step, unless `grad_norm` (the global gradient norm) is not finite."""
+        if grad_norm is None:  # an engine that clips and skips by itself (DeepSpeed)
+            self.optimizer.step()
+            return
+        found_inf = (~torch.isfinite(grad_norm.detach())).float().reshape(())
+        self.skipped += found_inf
+        self.run = (self.run + found_inf) * found_inf
+        if self.fused:
+            self.inner.found_inf = found_inf  # read by the fused kernel, which leaves params and state as they were
+            self.optimizer.step()
+            self.inner.found_inf = None
+        elif not found_inf.item():
+            self.optimizer.step()
+
+    def collect(self, state: LoopState) -> int:
+        """Add the skipped steps to `state`; returns the current run of skipped steps."""
+        skipped, run = torch.stack([self.skipped, self.run]).tolist()
+        state.nonfinite_steps += int(skipped)
+        self.skipped.zero_()
+        return int(run)
+
+
 class _Window:
-    """Loss and throughput since the last log line, reduced over processes only when logged."""
+    """Loss and throughput since the last log line, reduced over processes only when logged; non-finite
+    losses are left out of the mean, on the device."""
 
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
         self.loss_sum = torch.zeros((), device=accelerator.device)
-        self.count = 0
+        self.count = torch.zeros((), device=accelerator.device)
         self.images = 0
         self.bad: list[tuple[str, str]] = []  # (file, reason) met on this process since the last flush
         self.start = time.perf_counter()
 
     def add(self, loss: torch.Tensor, images: int) -> None:
-        self.loss_sum += loss.detach().float()
-        self.count += 1
+        loss = loss.detach().float()
+        finite = torch.isfinite(loss)
+        self.loss_sum += torch.where(finite, loss, torch.zeros_like(loss))
+        self.count += finite.float()
         self.images += images
 
     def flush(self, state: LoopState, lr: float, steps_per_epoch: int) -> dict[str, Any]:
         acc = self.accelerator
-        loss = acc.reduce(self.loss_sum / max(1, self.count), "mean").item() if self.count else float("nan")
+        loss = acc.reduce(self.loss_sum / self.count, "mean").item()  # 0 / 0: NaN, logged as null
         images = _total(acc, self.images)
         report_bad_files(acc, self.bad, state.bad_files)
         elapsed = time.perf_counter() - self.start
@@ -237,7 +289,8 @@ class _Window:
             "skipped_files": len(state.bad_files),
         }
         self.loss_sum.zero_()
-        self.count = self.images = 0
+        self.count.zero_()
+        self.images = 0
         self.bad = []
         self.start = time.perf_counter()
         return record
@@ -248,14 +301,6 @@ def _total(accelerator: Accelerator, value: int) -> int:
     if accelerator.num_processes == 1:
         return int(value)
     return int(accelerator.reduce(torch.tensor(value, device=accelerator.device), "sum").item())
-
-
-def _all_finite(accelerator: Accelerator, loss: torch.Tensor) -> bool:
-    """Every process must agree to skip, or DDP's all-reduce in backward would hang."""
-    ok = torch.isfinite(loss.detach()).float()
-    if accelerator.num_processes > 1:
-        ok = accelerator.reduce(ok, "min")
-    return bool(ok.item())
 
 
 def _any(accelerator: Accelerator, flag: bool) -> bool:

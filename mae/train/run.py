@@ -259,8 +259,7 @@ def launch(
     opt = optimizer(model, lr)
     configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     model, opt, loader, *val = accelerator.prepare(model, opt, loader, *([val_loader] if val_loader else []))
-    if cfg.loop.compile:
-        model = compile_model(model, accelerator.device.type)
+    model = maybe_compile(model, cfg.loop.compile, accelerator.device.type)
     the_task = task(model, val[0] if val else None)
     train(
         cfg,
@@ -303,6 +302,13 @@ def configure_speed(model: torch.nn.Module, device_type: str, precision: str, at
             module.fused_attn = attention == "fused"
 
 
+def maybe_compile(model: torch.nn.Module, choice: bool | str, device_type: str) -> torch.nn.Module:
+    """`--loop.compile`: true, false, or auto (on a GPU only; see its help for the CPU measurements)."""
+    if choice == "auto":
+        choice = device_type == "cuda"
+    return compile_model(model, device_type) if choice else model
+
+
 def compile_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
     """`torch.compile(model)`, after checking what it needs: on a CPU, inductor builds C++ kernels, and
     without a compiler the first step would fail deep inside torch."""
@@ -321,6 +327,12 @@ def compile_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
                     "install one (apt-get install g++, or set CXX) or use --loop.compile false"
                 ) from None
     return torch.compile(model)
+
+
+def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as one state dict, whatever holds them: under FSDP or DeepSpeed ZeRO-3
+    this gathers the shards, so every process must call it. Keys are the plain model's."""
+    return accelerator.get_state_dict(getattr(model, "_orig_mod", model))  # the prepared module under compile
 
 
 def plain_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:

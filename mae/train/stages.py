@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from mae.config import ConfigError, PretrainConfig, to_dict
 from mae.data.sources import open_source
+from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples
 from mae.export import describe_vit, save_encoder, timm_architecture
 from mae.importers import load_pretrained
@@ -20,6 +23,7 @@ from mae.train.run import (
     adamw,
     check_output_dir,
     find_resume_checkpoint,
+    full_state_dict,
     launch,
     open_accelerator,
     plain_model,
@@ -32,6 +36,7 @@ PREVIEW_IMAGES = 8
 def model_kwargs(cfg: PretrainConfig) -> dict:
     m = cfg.model
     kwargs = {"img_size": m.img_size, "mask_ratio": m.mask_ratio, "norm_pix_loss": m.norm_pix_loss}
+    kwargs["in_chans"] = m.in_chans
     kwargs.update(decoder=m.decoder, predict_ratio=m.predict_ratio)
     for name in (
         "patch_size",
@@ -84,17 +89,39 @@ def check_masking(name: str, grid: tuple[int, int], mask_ratio: float, option: s
         raise ConfigError(f"{option} {name}: {e}") from None
 
 
+def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
+    """`cfg` with --data.mean / --data.std `auto` measured on the data (seeded: a resumed run measures the
+    same numbers), and one value per channel checked."""
+    d, channels = cfg.data, cfg.model.in_chans
+    if "auto" in (d.mean, d.std):
+        mean, std = channel_stats(source, channels, seed=cfg.seed)
+        print(f"mae pretrain: channel statistics of the data: mean {mean}, std {std}", file=sys.stderr)
+        d = replace(d, mean=tuple(mean) if d.mean == "auto" else d.mean, std=tuple(std) if d.std == "auto" else d.std)
+        cfg = replace(cfg, data=d)
+    for name, values in (("mean", d.mean), ("std", d.std)):
+        if len(values) != channels:
+            raise ConfigError(
+                f"--data.{name} {list(values)}: {len(values)} values for --model.in_chans {channels}; give one per "
+                "channel, or auto to measure them"
+            )
+    if d.preview_bands and max(d.preview_bands) >= channels:
+        raise ConfigError(f"--data.preview_bands {list(d.preview_bands)}: the images have {channels} channel(s)")
+    if cfg.monitor.knn_data and channels != 3:
+        raise ConfigError("--monitor.knn_data: the k-NN monitor reads RGB images; run mae knn on the export instead")
+    return cfg
+
+
 def run_pretrain(cfg: PretrainConfig) -> Path:
     """Pretrain per `cfg`; returns the output folder."""
     validate_pretrain(cfg)
+    source = open_source(cfg.data.path, cfg.data.image_column)
+    cfg = resolve_data_stats(cfg, source)
     output_dir = Path(cfg.output_dir)
     resume_from = find_resume_checkpoint(cfg)
     accelerator = open_accelerator(cfg)
     model = create_mae(cfg.model.name, **model_kwargs(cfg))
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
-
-    source = open_source(cfg.data.path, cfg.data.image_column)
     samples = PretrainSamples(
         source,
         img_size=model.img_size,
@@ -104,6 +131,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         hflip=cfg.data.hflip,
         masking=cfg.model.masking,
         mask_ratio=cfg.model.mask_ratio,
+        in_chans=cfg.model.in_chans,
     )
     preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
     decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
@@ -122,15 +150,16 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
             mean=cfg.data.mean,
             std=cfg.data.std,
             preview_batch=preview if preview["image"] is not None else None,
+            preview_bands=cfg.data.preview_bands,
             output_dir=output_dir,
             knn_monitor=knn_monitor(cfg, samples.img_size),
         ),
         what=f"pretraining {arch} on {len(samples)} images ({cfg.data.path or 'demo photos'})",
         resume_from=resume_from,
     )
-    accelerator.wait_for_everyone()
+    state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
     if accelerator.is_main_process:
-        path = save_encoder(plain_model(accelerator, model), output_dir / ENCODER, to_dict(cfg))
+        path = save_encoder(plain_model(accelerator, model), output_dir / ENCODER, to_dict(cfg), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
     accelerator.end_training()
     return output_dir
@@ -168,23 +197,29 @@ def _preview_indices(source) -> list[int]:
     return [round(i * (distinct - 1) / max(1, n - 1)) for i in range(n)] if n > 1 else [0]
 
 
-def _read_images(files: list[str], size: tuple[int, int]) -> torch.Tensor:
-    """uint8 [N, 3, H, W]: each image resized (short side) and centre-cropped to `size`."""
+def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> torch.Tensor:
+    """[N, C, H, W] (uint8 RGB for 3 channels, else float in [0, 1]): each image resized (short side) and
+    centre-cropped to `size`."""
     from PIL import Image
     from torchvision.transforms.v2 import functional as F
 
-    from mae.data.sources import to_rgb
+    from mae.data.sources import read_array, to_rgb
     from mae.data.transforms import DECODE_ERRORS
 
     images = []
     for file in files:
         try:
-            with Image.open(file) as img:
-                img = to_rgb(img)
+            if in_chans == 3:
+                with Image.open(file) as img:
+                    img = to_rgb(img)
+            else:
+                img = torch.from_numpy(read_array(file)).permute(2, 0, 1)
         except (FileNotFoundError, *DECODE_ERRORS) as e:
             raise ConfigError(f"--images {file}: cannot read this image ({e})") from None
+        if isinstance(img, torch.Tensor) and img.shape[0] != in_chans:
+            raise ConfigError(f"--images {file}: {img.shape[0]} channel(s), but the model takes {in_chans}")
         img = F.center_crop(F.resize(img, min(size), interpolation=F.InterpolationMode.BICUBIC), list(size))
-        images.append(F.pil_to_tensor(img))
+        images.append(img if isinstance(img, torch.Tensor) else F.pil_to_tensor(img))
     return torch.stack(images)
 
 
@@ -219,7 +254,7 @@ def run_visualize(cfg) -> Path:
     run = run_config(cfg.checkpoint) or {}
     data = run.get("data", {})
     mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
-    images = _read_images(cfg.images, model.img_size)
+    images = _read_images(cfg.images, model.img_size, model.in_chans)
     if cfg.mask_ratio is not None:
         model.mask_ratio = cfg.mask_ratio
     masking = cfg.masking or run.get("model", {}).get("masking", "random")
@@ -227,7 +262,8 @@ def run_visualize(cfg) -> Path:
     g = torch.Generator().manual_seed(cfg.seed)
     keep = num_visible(model.num_patches, model.mask_ratio)
     noise = torch.stack([mask_generator(masking)(model.grid_size, keep, g) for _ in images])
-    grid, loss = reconstruction_grid(model, images, noise, mean, std)
+    bands = cfg.bands or data.get("preview_bands")
+    grid, loss = reconstruction_grid(model, images, noise, mean, std, bands)
     path = save_grid(grid, cfg.output)
     print(f"wrote {path} ({len(images)} images, loss {loss:.4f})")
     return path

@@ -27,6 +27,7 @@ class PretrainTask:
         std: tuple[float, ...],
         preview_batch: dict[str, torch.Tensor] | None,
         output_dir: Path,
+        preview_bands: tuple[int, int, int] | None = None,
         knn_monitor: Any = None,
     ) -> None:
         self.model = model
@@ -35,9 +36,14 @@ class PretrainTask:
         self.preview_batch = preview_batch
         self.output_dir = output_dir
         self.knn_monitor = knn_monitor
+        self.preview_bands = preview_bands
+        self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        imgs = normalize(batch["image"], self.mean, self.std)
+        if self._stats is None or self._stats[0].device != batch["image"].device:
+            device = batch["image"].device  # made once on the training device, not copied from the host per step
+            self._stats = (torch.tensor(self.mean, device=device), torch.tensor(self.std, device=device))
+        imgs = normalize(batch["image"], *self._stats)
         return {"loss": self.model(imgs, noise=batch["noise"]).loss}
 
     def after_step(self) -> None:
@@ -49,7 +55,7 @@ class PretrainTask:
         model = plain_model(self.accelerator, self.model)
         with self.accelerator.autocast():
             grid, loss = reconstruction_grid(
-                model, self.preview_batch["image"], self.preview_batch["noise"], self.mean, self.std
+                model, self.preview_batch["image"], self.preview_batch["noise"], self.mean, self.std, self.preview_bands
             )
         save_grid(grid, self.output_dir / preview_path(epoch))
         save_grid(grid, self.output_dir / PREVIEW)

@@ -141,7 +141,7 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("masking", ["random", "block"])
+@pytest.mark.parametrize("masking", list_masks())
 def test_two_processes_match_one(tmp_path, masking):
     make_images(tmp_path / "imgs", n=32)
     common = [*FAST, "--model.masking", masking, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2"]
@@ -410,3 +410,31 @@ def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
         assert main([stage, "--pretrained", str(out), "--data.path", str(labeled), "--loop.epochs", "1",
                      "--loop.batch_size", "8", "--data.num_workers", "0", "--loop.progress", "false",
                      "--output_dir", str(tmp_path / stage)]) == 0  # fmt: skip
+
+
+SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
+
+
+def test_no_host_sync_between_log_lines(tmp_path, monkeypatch):
+    """Steps between two log lines never wait on the device: no .item(), bool(tensor), .cpu() ... in the
+    training process (the data pipeline runs in worker processes)."""
+    from mae.train import loop
+    from mae.train.metrics import MetricsWriter
+
+    events: list[str] = []
+    for name in SYNCS:
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _r=real, _n=name, **k: events.append(_n) or _r(self, *a, **k)
+        )
+    real_collect, real_write = loop._Skips.collect, MetricsWriter.write
+    monkeypatch.setattr(loop._Skips, "collect", lambda self, *a: events.append("<log") or real_collect(self, *a))
+    monkeypatch.setattr(MetricsWriter, "write", lambda self, r: real_write(self, r) or events.append("log>"))
+    make_images(tmp_path / "imgs", n=64)
+    args = ["--data.path", tmp_path / "imgs", "--loop.batch_size", 4, "--loop.epochs", 1, "--loop.log_every", 5,
+            "--data.num_workers", 2, "--loop.mixed_precision", "auto"]  # fmt: skip
+    assert run(*args, "--output_dir", tmp_path / "o") == 0
+    text = " ".join(events)
+    between = [part.split("<log")[0].split() for part in text.split("log>")[1:-1]]
+    assert len(between) >= 2  # the steps 6-10 and 11-15 of the 16-step epoch
+    assert all(not syncs for syncs in between[:2]), between[:2]

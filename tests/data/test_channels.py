@@ -1,0 +1,123 @@
+"""Any image: grayscale, 16-bit and multispectral files, read at their precision and channel count."""
+
+import json
+
+import numpy as np
+import pytest
+import tifffile
+import timm
+import torch
+import yaml
+from accelerate.state import AcceleratorState
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import mae
+from mae.cli import main
+from mae.data.sources import ChannelError, FolderSource, read_array
+from mae.data.transforms import PretrainSamples
+
+H, W = 64, 96
+
+
+def smooth(rng, channels):
+    """[H, W, C] smooth random data in [0, 1] (learnable, unlike white noise)."""
+    coarse = torch.from_numpy(rng.random((1, channels, 4, 6)))
+    return torch.nn.functional.interpolate(coarse, size=(H, W), mode="bicubic").clamp(0, 1)[0].permute(1, 2, 0).numpy()
+
+
+def write_folder(root, channels, n=16, kind="npy", seed=0):
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        a = smooth(rng, channels)
+        if kind == "npy":
+            np.save(root / f"{i:03d}.npy", a.astype(np.float32))
+        elif kind == "tif":
+            tifffile.imwrite(root / f"{i:03d}.tif", (a * 65535).astype(np.uint16), photometric="minisblack")
+        else:  # 16-bit grayscale PNG
+            Image.fromarray((a[..., 0] * 65535).astype(np.uint16)).save(root / f"{i:03d}.png")
+    return root
+
+
+def test_sixteen_bit_precision_is_kept(tmp_path):
+    base = np.full((8, 8), 200 * 256, dtype=np.uint16)
+    Image.fromarray(base).save(tmp_path / "a.png")
+    Image.fromarray(base + 7).save(tmp_path / "b.png")  # differs only below 8 bits
+    a, b = read_array(str(tmp_path / "a.png")), read_array(str(tmp_path / "b.png"))
+    assert a.shape == (8, 8, 1) and a.dtype == np.float32
+    assert not np.array_equal(a, b) and np.allclose(b - a, 7 / 65535)
+    source = FolderSource(tmp_path)
+    samples = PretrainSamples(source, img_size=(8, 8), patch_size=4, seed=0, crop_scale=(1, 1), hflip=False,
+                              in_chans=1)  # fmt: skip
+    x, y = samples[(0, 0)]["image"], samples[(0, 1)]["image"]
+    assert x.shape == (1, 8, 8) and x.dtype == torch.float32 and not torch.equal(x, y)
+
+
+def test_multiband_tiff_and_npy_read_with_every_band(tmp_path):
+    rng = np.random.default_rng(0)
+    a = smooth(rng, 13)
+    tifffile.imwrite(tmp_path / "planar.tif", (np.moveaxis(a, -1, 0) * 65535).astype(np.uint16))
+    np.save(tmp_path / "bands.npy", a)
+    assert read_array(str(tmp_path / "planar.tif")).shape == (H, W, 13)
+    np.testing.assert_allclose(read_array(str(tmp_path / "bands.npy")), a, atol=1e-6)
+
+
+def test_a_four_band_file_in_a_three_band_run_is_an_error(tmp_path, capsys):
+    write_folder(tmp_path / "imgs", 4, n=4, kind="tif")
+    AcceleratorState._reset_state(True)
+    code = main(["pretrain", "--model.name", "mae_vit_micro_patch8", "--model.img_size", "32", "--data.path",
+                 str(tmp_path / "imgs"), "--loop.batch_size", "2", "--loop.progress", "false",
+                 "--output_dir", str(tmp_path / "o")])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("mae pretrain")]
+    assert code == 2 and len(err) == 1 and "000.tif: 4 channel(s), but --model.in_chans is 3" in err[0], err
+    with pytest.raises(ChannelError):
+        FolderSource(tmp_path / "imgs").load(0)
+
+
+@pytest.mark.parametrize("channels,kind", [(1, "png"), (13, "npy")])
+def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind):
+    data = write_folder(tmp_path / "imgs", channels, kind=kind)
+    out = tmp_path / "run"
+    args = ["pretrain", "--model.name", "mae_vit_micro_patch8", "--model.img_size", f"[{H}, {W}]",
+            "--model.in_chans", str(channels), "--data.mean", "auto", "--data.std", "auto", "--data.path", str(data),
+            "--loop.batch_size", "4", "--data.num_workers", "0", "--loop.progress", "false",
+            "--loop.mixed_precision", "no", "--optim.warmup_epochs", "0.5", "--output_dir", str(out)]  # fmt: skip
+    AcceleratorState._reset_state(True)
+    assert main([*args, "--loop.epochs", "1"]) == 0
+    AcceleratorState._reset_state(True)
+    assert main([*args, "--loop.epochs", "2"]) == 0  # resumes: the measured statistics are the same
+    data_config = yaml.safe_load((out / "config.yaml").read_text())["data"]
+    assert len(data_config["mean"]) == len(data_config["std"]) == channels  # measured, recorded
+    path = out / "encoder.safetensors"
+    meta = safe_open(str(path), "pt").metadata()
+    assert len(json.loads(meta["mean"])) == channels == json.loads(meta["model_args"])["in_chans"]
+    vit = timm.create_model(meta["architecture"], pretrained=True, **json.loads(meta["model_args"]),
+                            pretrained_cfg_overlay=dict(file=str(path), num_classes=0)).eval()  # fmt: skip
+    vit.load_state_dict(load_file(path), strict=True)
+    model = mae.load_pretrained(out).eval()
+    x = torch.randn(2, channels, H, W)
+    with torch.no_grad():
+        torch.testing.assert_close(vit.forward_features(x), model.encoder.forward_features(x))
+    assert (out / "preview.png").is_file()
+
+
+def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):
+    path = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "rgb.safetensors")
+    with pytest.warns(UserWarning, match="adapted to 1 channels"):
+        gray = mae.load_pretrained(path, in_chans=1)
+    assert gray.encoder.patch_embed.proj.weight.shape[1] == 1
+    rgb = load_file(path)["patch_embed.proj.weight"]
+    torch.testing.assert_close(gray.encoder.patch_embed.proj.weight[:, 0], rgb.sum(1))
+
+
+def test_stats_prints_per_channel_mean_and_std(tmp_path, capsys):
+    data = write_folder(tmp_path / "imgs", 2, n=6)
+    assert main(["stats", "--data.path", str(data), "--model.in_chans", "2"]) == 0
+    out = capsys.readouterr().out
+    stacked = np.stack([np.load(p) for p in sorted(data.iterdir())]).astype(np.float64).reshape(-1, 2)
+    printed = {line.split()[0]: json.loads(line.split(maxsplit=1)[1]) for line in out.splitlines()[1:3]}
+    np.testing.assert_allclose(printed["mean"], stacked.mean(0), atol=1e-5)
+    np.testing.assert_allclose(printed["std"], stacked.std(0), atol=1e-5)
+    assert "--data.mean" in out
