@@ -243,10 +243,10 @@ class LabeledDataConfig:
     """Image column of a `datasets` source; null picks the first Image feature."""
     label_column: str | None = None
     """Label column of a `datasets` source; null picks the first ClassLabel, or 'label'."""
-    mean: tuple[float, float, float] | None = None
-    """Normalisation mean; null = what the encoder was pretrained with."""
-    std: tuple[float, float, float] | None = ranged(None, gt=0)
-    """Normalisation std; null = what the encoder was pretrained with."""
+    mean: tuple[float, ...] | None = None
+    """Normalisation mean, one per channel; null = what the encoder was pretrained with."""
+    std: tuple[float, ...] | None = ranged(None, gt=0)
+    """Normalisation std, one per channel; null = what the encoder was pretrained with."""
     crop_pct: float = ranged(0.875, gt=0, le=1)
     """Evaluation: resize to img_size / crop_pct, then centre-crop img_size."""
     num_workers: int = ranged(2, ge=0)

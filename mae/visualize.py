@@ -103,7 +103,7 @@ def attention_grid(
     lo, hi = maps.amin((2, 3), keepdim=True), maps.amax((2, 3), keepdim=True)
     heat = ((maps - lo) / (hi - lo).clamp_min(1e-12)).unsqueeze(2)  # [N, 1 + h, 1, H, W]
     colour = torch.cat([heat, heat**2, 0.2 * (1 - heat)], dim=2)  # dark blue -> red -> yellow
-    original = denormalize(x, mean, std)
+    original = as_rgb(denormalize(x, mean, std))
     overlay = 0.45 * original.unsqueeze(1) + 0.55 * colour
     rows = torch.cat([original.unsqueeze(1), overlay], dim=1).flatten(0, 1)
     return make_grid(rows.float().cpu(), nrow=maps.shape[1] + 1, padding=2, pad_value=1.0)

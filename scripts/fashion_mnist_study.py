@@ -215,6 +215,10 @@ CANDIDATES = {
         "cross decoder, every masked patch": ["--model.decoder", "cross"],
         "cross decoder, a quarter of the masked patches": ["--model.decoder", "cross", "--model.predict_ratio", "0.25"],
     },
+    "channels": {
+        "3 channels, fixed statistics (the recipe's)": [],
+        "1 channel, statistics measured": ["--model.in_chans", "1", "--data.mean", "auto", "--data.std", "auto"],
+    },
 }
 SELECT_EPOCHS, SELECT_WARMUP = 4, 0.67  # a third of a 12-epoch schedule with 2 epochs of warm-up
 

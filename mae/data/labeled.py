@@ -7,6 +7,7 @@ and `classes` (names, index = label).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -113,6 +114,9 @@ class Subset:
     def load(self, i: int):
         return self.source.load(int(self.indices[i]))
 
+    def load_array(self, i: int):
+        return self.source.load_array(int(self.indices[i]))
+
     def name(self, i: int) -> str:
         return self.source.name(int(self.indices[i]))
 
@@ -150,8 +154,15 @@ class LabeledSamples(torch.utils.data.Dataset):
     """`dataset[(epoch, index)]` or `dataset[index]` -> {"image", "label", "index"}, or {"bad": (name, reason)}
     for a file that cannot be decoded. With a `seed`, the transform's randomness comes from (seed, epoch, index)."""
 
-    def __init__(self, source, transform: Callable, seed: int | None = None, decode_side: int | None = None) -> None:
-        self.source, self.transform, self.seed = source, transform, seed
+    def __init__(
+        self,
+        source,
+        transform: Callable,
+        seed: int | None = None,
+        decode_side: int | None = None,
+        in_chans: int = 3,
+    ) -> None:
+        self.source, self.transform, self.seed, self.in_chans = source, transform, seed, in_chans
         target = source.source if isinstance(source, Subset) else source
         if decode_side and hasattr(target, "set_decode_size"):
             target.set_decode_size(decode_side)  # large JPEGs decode at a reduced scale (see FolderSource)
@@ -161,7 +172,7 @@ class LabeledSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        img, bad = load_image(self.source, index)
+        img, bad = load_image(self.source, index, self.in_chans)
         if bad is not None:
             return bad
         if self.seed is None:
@@ -184,6 +195,26 @@ def collate_labeled(samples: list[dict]) -> dict:
     }
 
 
+def eval_transform(size: tuple[int, int], *, crop_pct: float, mean: tuple, std: tuple, in_chans: int = 3) -> Callable:
+    """Evaluation: resize to size / crop_pct, centre-crop `size`, normalise. timm's for RGB (PIL in);
+    the same steps on float tensors [C, H, W] for any other channel count."""
+    if in_chans == 3:
+        from timm.data import create_transform
+
+        return create_transform(
+            (3, *size), is_training=False, crop_pct=crop_pct, interpolation="bicubic", mean=mean, std=std
+        )
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.Resize(math.floor(min(size) / crop_pct), interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+            v2.CenterCrop(list(size)),
+            v2.Normalize(list(mean), list(std)),
+        ]
+    )
+
+
 def train_transform(
     size: tuple[int, int],
     *,
@@ -192,9 +223,31 @@ def train_transform(
     std: tuple,
     auto_augment: str | None = None,
     re_prob: float = 0.0,
+    in_chans: int = 3,
 ) -> Callable:
     """timm's training transform (random-resized crop, flip, optional RandAugment and random erasing),
-    bicubic, with posterize made safe on Pillow >= 13 (see `_posterize`)."""
+    bicubic, with posterize made safe on Pillow >= 13 (see `_posterize`). For another channel count the
+    crop, flip and random erasing run on float tensors; RandAugment, whose ops are RGB image ops, is left
+    out (warned)."""
+    if in_chans != 3:
+        import warnings
+
+        from timm.data.random_erasing import RandomErasing
+        from torchvision.transforms import v2
+
+        if auto_augment:
+            warnings.warn(f"{in_chans}-channel images: RandAugment ({auto_augment}) works on RGB only, left out",
+                          stacklevel=2)  # fmt: skip
+        steps = [
+            v2.RandomResizedCrop(
+                list(size), scale=tuple(scale), interpolation=v2.InterpolationMode.BICUBIC, antialias=True
+            ),
+            v2.RandomHorizontalFlip(),
+            v2.Normalize(list(mean), list(std)),
+        ]
+        if re_prob > 0:
+            steps.append(RandomErasing(re_prob, mode="pixel", max_count=1, device="cpu"))
+        return v2.Compose(steps)
     from timm.data import create_transform
 
     transform = create_transform(

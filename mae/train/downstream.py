@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from timm.data import Mixup, create_transform
+from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
+from mae.data.labeled import eval_transform as labeled_eval_transform
 from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
 from mae.importers import CheckpointError
 from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
@@ -53,6 +54,7 @@ class Setup:
     std: tuple
     resume_from: Path | None
     accelerator: Any
+    in_chans: int = 3
 
 
 def begin(cfg: Any) -> Setup:
@@ -62,8 +64,18 @@ def begin(cfg: Any) -> Setup:
     train_src, val_src = labeled_splits(cfg)
     size, mean, std = _input(cfg, source)
     resume_from = find_resume_checkpoint(cfg)
+    in_chans = source["args"].get("in_chans", 3)
     return Setup(
-        source, train_src, val_src, list(train_src.classes), size, mean, std, resume_from, open_accelerator(cfg)
+        source,
+        train_src,
+        val_src,
+        list(train_src.classes),
+        size,
+        mean,
+        std,
+        resume_from,
+        open_accelerator(cfg),
+        in_chans,
     )
 
 
@@ -85,11 +97,6 @@ def load_source(cfg: Any) -> dict[str, Any]:
         source = encoder_source(cfg.pretrained, cfg.model.img_size)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
-    if source["args"].get("in_chans", 3) != 3:
-        raise ConfigError(
-            f"--pretrained {cfg.pretrained}: a {source['args']['in_chans']}-channel encoder; linprobe, finetune and "
-            "knn read RGB images so far (its export loads in timm with in_chans for your own evaluation)"
-        )
     return source
 
 
@@ -116,10 +123,8 @@ def _input(cfg: Any, source: dict[str, Any]) -> tuple[tuple[int, int], tuple, tu
     return size, mean, std
 
 
-def eval_transform(size: tuple[int, int], cfg: Any, mean: tuple, std: tuple):
-    return create_transform(
-        (3, *size), is_training=False, crop_pct=cfg.data.crop_pct, interpolation="bicubic", mean=mean, std=std
-    )
+def eval_transform(size: tuple[int, int], cfg: Any, mean: tuple, std: tuple, in_chans: int = 3):
+    return labeled_eval_transform(size, crop_pct=cfg.data.crop_pct, mean=mean, std=std, in_chans=in_chans)
 
 
 def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
@@ -128,9 +133,9 @@ def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
     return math.ceil(max(size) / smallest_crop)
 
 
-def eval_loader(source, transform, cfg: Any, size: tuple[int, int]):
+def eval_loader(source, transform, cfg: Any, size: tuple[int, int], in_chans: int = 3):
     return make_loader(
-        LabeledSamples(source, transform, decode_side=decode_side(size, cfg.data.crop_pct)),
+        LabeledSamples(source, transform, decode_side=decode_side(size, cfg.data.crop_pct), in_chans=in_chans),
         batch_size=cfg.loop.batch_size,
         drop_last=False,
         collate_fn=collate_labeled,
@@ -230,17 +235,18 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
     mode = cfg.mode if cfg.mode != "auto" else ("augmented" if cfg.augment else "cached")
     if mode == "cached" and cfg.augment:
         raise ConfigError("--mode cached: cached features cannot be augmented; use --mode augmented or --augment false")
-    eval_tf = eval_transform(size, cfg, mean, std)
+    c = setup.in_chans
+    eval_tf = eval_transform(size, cfg, mean, std, c)
     if mode == "cached":
         cache = Path(cfg.cache_dir) if cfg.cache_dir else None
-        train_feats = _cached(accelerator, encoder, eval_loader(train_src, eval_tf, cfg, size), cache, "train")
-        val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg, size), cache, "val")
+        train_feats = _cached(accelerator, encoder, eval_loader(train_src, eval_tf, cfg, size, c), cache, "train")
+        val_feats = _cached(accelerator, encoder, eval_loader(val_src, eval_tf, cfg, size, c), cache, "val")
         train_ds, val_ds, model, workers = FeatureSamples(*train_feats), FeatureSamples(*val_feats), head, 0
     else:
-        train_tf = train_transform(size, scale=(0.08, 1.0), mean=mean, std=std) if cfg.augment else eval_tf
+        train_tf = train_transform(size, scale=(0.08, 1.0), mean=mean, std=std, in_chans=c) if cfg.augment else eval_tf
         side = decode_side(size, math.sqrt(0.08 * 3 / 4)) if cfg.augment else decode_side(size, cfg.data.crop_pct)
-        train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
-        val_ds = LabeledSamples(val_src, eval_tf, decode_side=decode_side(size, cfg.data.crop_pct))
+        train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side, in_chans=c)
+        val_ds = LabeledSamples(val_src, eval_tf, decode_side=decode_side(size, cfg.data.crop_pct), in_chans=c)
         model, workers = LinearProbe(encoder, head), cfg.data.num_workers
     val_loader = make_loader(
         val_ds, batch_size=cfg.loop.batch_size, drop_last=False, collate_fn=collate_labeled, num_workers=workers
@@ -287,11 +293,17 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
     torch.nn.init.trunc_normal_(model.head.weight, std=2e-5)
     a = cfg.aug
     train_tf = train_transform(
-        size, scale=a.crop_scale, mean=mean, std=std, auto_augment=a.auto_augment, re_prob=a.reprob
+        size,
+        scale=a.crop_scale,
+        mean=mean,
+        std=std,
+        auto_augment=a.auto_augment,
+        re_prob=a.reprob,
+        in_chans=setup.in_chans,
     )
     side = decode_side(size, math.sqrt(a.crop_scale[0] * 3 / 4))
-    train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side)
-    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std), cfg, size)
+    train_ds = LabeledSamples(train_src, train_tf, seed=cfg.seed, decode_side=side, in_chans=setup.in_chans)
+    val_loader = eval_loader(val_src, eval_transform(size, cfg, mean, std, setup.in_chans), cfg, size, setup.in_chans)
     mixup, criterion = mixup_and_criterion(cfg, len(classes))
 
     def task(m: torch.nn.Module, val: Any) -> ClassifierTask:
@@ -351,11 +363,14 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     encoder.to(accelerator.device)
     configure_speed(encoder, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
     encoder = maybe_compile(encoder, cfg.loop.compile, accelerator.device.type)
-    tf = eval_transform(size, cfg, mean, std)
+    c = setup.in_chans
+    tf = eval_transform(size, cfg, mean, std, c)
     bank, bank_labels = predict(
-        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size)), accelerator
+        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size, c)), accelerator
     )
-    query, labels = predict(encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size)), accelerator)
+    query, labels = predict(
+        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size, c)), accelerator
+    )
     scores = knn_scores(
         bank, bank_labels, query, num_classes=len(train_src.classes), k=cfg.k, temperature=cfg.temperature
     )

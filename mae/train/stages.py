@@ -242,7 +242,8 @@ def run_visualize(cfg) -> Path:
         vit, _, _ = build_classifier(source, 0)
         size = tuple(source["args"]["img_size"])
         try:
-            grid = attention_grid(vit, _read_images(cfg.images, size), tuple(source["mean"]), tuple(source["std"]))
+            images = _read_images(cfg.images, size, source["args"].get("in_chans", 3))
+            grid = attention_grid(vit, images, tuple(source["mean"]), tuple(source["std"]))
         except ValueError as e:  # e.g. an encoder without a class token
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         path = save_grid(grid, cfg.output)

@@ -101,6 +101,22 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
     with torch.no_grad():
         torch.testing.assert_close(vit.forward_features(x), model.encoder.forward_features(x))
     assert (out / "preview.png").is_file()
+    if channels > 3:  # the downstream stages read the same files and use the encoder's statistics
+        rng = np.random.default_rng(1)
+        for label in range(2):
+            folder = tmp_path / "labeled" / f"class{label}"
+            folder.mkdir(parents=True)
+            for i in range(12):
+                a = smooth(rng, channels) * 0.5
+                a[..., label] += 0.5  # the class is which band is bright
+                np.save(folder / f"{i:02d}.npy", a.astype(np.float32))
+        common = ["--pretrained", str(out), "--data.path", str(tmp_path / "labeled"), "--loop.batch_size", "8",
+                  "--data.num_workers", "0", "--loop.progress", "false", "--loop.mixed_precision", "no"]  # fmt: skip
+        for stage, extra in (("linprobe", ["--loop.epochs", "3"]), ("finetune", ["--loop.epochs", "1"]), ("knn", [])):
+            AcceleratorState._reset_state(True)
+            assert main([stage, *common, *extra, "--output_dir", str(tmp_path / stage)]) == 0, stage
+        meta = safe_open(str(tmp_path / "finetune" / "classifier.safetensors"), "pt").metadata()
+        assert json.loads(meta["pretrained_cfg"])["input_size"] == [channels, H, W]
 
 
 def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):
