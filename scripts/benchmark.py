@@ -9,6 +9,7 @@ steps are excluded and reported apart.
     python scripts/benchmark.py --preset base --device cuda --batch 256
     python scripts/benchmark.py --recipe recipes/fashion_mnist/pretrain.yaml --precision bf16 --batch 128 [--compile]
     python scripts/benchmark.py --preset small --peer cross [--predict_ratio 0.25]   # our two decoders
+    python scripts/benchmark.py --recipe recipes/fashion_mnist/pretrain.yaml --peer gray   # 3 channels vs 1
 
 The last line reads `ratio_fp32=... ratio_bf16=...` (ours / the peer, images per second). With
 `--peer cross` the peer is this project's step with CrossMAE's decoder (same encoder and masks).
@@ -43,7 +44,8 @@ def our_model(args: argparse.Namespace, **overrides) -> mae.MaskedAutoencoder:
 
 
 def build_ours(model: mae.MaskedAutoencoder, device: str, precision: str, compile_model: bool):
-    """Our model and optimizer with `mae pretrain`'s default speed settings."""
+    """Our model and optimizer with `mae pretrain`'s default speed settings; the step takes the first
+    `model.in_chans` channels of the images it is given."""
     model = model.to(device)
     opt = adamw(model, lr=1e-4, weight_decay=0.05, betas=(0.9, 0.95))
     configure_speed(model, device, "bf16" if precision == "bf16" else "no")
@@ -51,7 +53,8 @@ def build_ours(model: mae.MaskedAutoencoder, device: str, precision: str, compil
 
     def step(images, noise, precision):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = forward(normalize(images, MEAN, STD), noise=noise).loss
+            c = model.in_chans
+            loss = forward(normalize(images[:, :c], MEAN[:c], STD[:c]), noise=noise).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -117,8 +120,8 @@ def measure(args: argparse.Namespace, precision: str) -> dict[str, dict[str, flo
         peer = build_transformers(ours, device)[1]
     else:
         torch.manual_seed(0)
-        cross = our_model(args, decoder="cross", predict_ratio=args.predict_ratio)
-        peer = build_ours(cross, device, precision, args.compile)[1]
+        other = {"cross": dict(decoder="cross", predict_ratio=args.predict_ratio), "gray": dict(in_chans=1)}
+        peer = build_ours(our_model(args, **other[args.peer]), device, precision, args.compile)[1]
     runners = {"ours": build_ours(ours, device, precision, args.compile)[1], args.peer: peer}
     result: dict[str, dict[str, float]] = {name: {} for name in runners}
     for name, step in runners.items():  # warm-up (and compilation) apart from the timed steps
@@ -156,9 +159,10 @@ def main() -> None:
     parser.add_argument("--recipe", help="a pretraining recipe whose model section replaces --preset")
     parser.add_argument(
         "--peer",
-        choices=["transformers", "cross"],
+        choices=["transformers", "cross", "gray"],
         default="transformers",
-        help="what ours is compared with: transformers' ViTMAE, or our step with the cross decoder",
+        help="what ours is compared with: transformers' ViTMAE, our step with the cross decoder, or ours on one "
+        "channel (--model.in_chans 1)",
     )
     parser.add_argument("--predict_ratio", type=float, default=1.0, help="with --peer cross")
     args = parser.parse_args()
