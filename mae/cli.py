@@ -112,8 +112,8 @@ def _cause(e: BaseException) -> str:
 
 def _save_traceback(cfg: Any) -> Path | None:
     """The full traceback of the exception being handled, in the run's folder (one file per rank)."""
-    folder = Path(getattr(cfg, "output_dir", "") or ".")
-    if not getattr(cfg, "output_dir", None) or not folder.is_dir():
+    folder = getattr(cfg, "output_dir", None)
+    if not folder or not Path(folder).is_dir():
         return None
     path = error_log(folder, int(os.environ.get("RANK", "0")))
     try:

@@ -66,6 +66,14 @@ def timm_pretrained_cfg(
     }
 
 
+def encoder_pretrained_cfg(model: MaskedAutoencoder, config: dict[str, Any] | None) -> dict[str, Any]:
+    """timm's `pretrained_cfg` of an encoder export: the model's input size, the run's normalisation
+    (ImageNet's when no run config is known), no classes."""
+    data = (config or {}).get("data", {})
+    mean, std = list(data.get("mean", IMAGENET_MEAN)), list(data.get("std", IMAGENET_STD))
+    return timm_pretrained_cfg([model.in_chans, *model.img_size], mean, std, 0)
+
+
 def encoder_state_dict(
     model: MaskedAutoencoder, full_state: dict[str, torch.Tensor] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -98,13 +106,13 @@ def save_encoder(
     """Write encoder-only safetensors (timm keys) with metadata describing it; the weights come from
     `full_state` when given (see `encoder_state_dict`)."""
     arch, args = timm_architecture(model)
-    data = (config or {}).get("data", {})
-    mean, std = list(data.get("mean", IMAGENET_MEAN)), list(data.get("std", IMAGENET_STD))
+    pretrained_cfg = encoder_pretrained_cfg(model, config)
+    mean, std = pretrained_cfg["mean"], pretrained_cfg["std"]
     metadata = {
         "format": "pt",
         "architecture": arch,
         "model_args": json.dumps(args),
-        "pretrained_cfg": json.dumps(timm_pretrained_cfg([model.in_chans, *model.img_size], mean, std, 0)),
+        "pretrained_cfg": json.dumps(pretrained_cfg),
         "img_size": json.dumps(args["img_size"]),
         "patch_size": str(model.patch_size),
         "num_heads": str(args["num_heads"]),
@@ -154,13 +162,7 @@ def export_encoder(
     folder = Path(path)
     weights = save_encoder(model, folder / HF_WEIGHTS, config)
     arch, args = timm_architecture(model)
-    data = (config or {}).get("data", {})
-    pretrained_cfg = timm_pretrained_cfg(
-        [model.in_chans, *model.img_size],
-        list(data.get("mean", IMAGENET_MEAN)),
-        list(data.get("std", IMAGENET_STD)),
-        num_classes=0,
-    )
+    pretrained_cfg = encoder_pretrained_cfg(model, config)
     hub_config = {
         "architecture": arch,
         "num_classes": 0,

@@ -69,20 +69,19 @@ class MaskedAutoencoder(nn.Module):
         for name, w in (("embed_dim", embed_dim or 4), ("decoder_embed_dim", decoder_embed_dim)):
             if w % 4:
                 raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {w}")
-        if patch_size is not None and (img_size[0] % patch_size or img_size[1] % patch_size):
-            raise ValueError(
-                f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {patch_size}; "
-                "choose an image size that is a multiple of the patch size"
-            )
         self.encoder = create_encoder(
             encoder_arch, img_size=img_size, patch_size=patch_size, in_chans=in_chans, **overrides
         )
+        self.img_size = img_size
+        self.patch_size = _pair(self.encoder.patch_embed.patch_size)[0]  # the architecture's, unless overridden
         self.encoder_arch = encoder_arch
         # What rebuilds this encoder in plain timm: `timm.create_model(encoder_arch, **encoder_args)`.
-        self.encoder_args = {"img_size": list(img_size), "patch_size": patch_size, "in_chans": in_chans, **overrides}
-        self.img_size = img_size
-        self.patch_size = _pair(self.encoder.patch_embed.patch_size)[0]
-        self.encoder_args["patch_size"] = self.patch_size
+        self.encoder_args = {
+            "img_size": list(img_size),
+            "patch_size": self.patch_size,
+            "in_chans": in_chans,
+            **overrides,
+        }
         self.in_chans = in_chans
         self.mask_ratio = mask_ratio
         self.norm_pix_loss = norm_pix_loss

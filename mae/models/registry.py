@@ -6,6 +6,7 @@ in the long form (`_dec512d8b` = 512 wide, 8 blocks).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -43,8 +44,10 @@ def resolve_preset(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=32)
 def _meta_vit(name: str) -> torch.nn.Module:
-    """timm's `name` at its defaults, built on the meta device (no memory, no init): for its facts."""
+    """timm's `name` at its defaults, built on the meta device (no memory, no init): for its facts (read
+    only; cached, since validation asks several times)."""
     with torch.device("meta"):
         return timm.create_model(name, pretrained=False, num_classes=0)
 

@@ -106,8 +106,6 @@ def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
             )
     if d.preview_bands and max(d.preview_bands) >= channels:
         raise ConfigError(f"--data.preview_bands {list(d.preview_bands)}: the images have {channels} channel(s)")
-    if cfg.monitor.knn_data and channels != 3:
-        raise ConfigError("--monitor.knn_data: the k-NN monitor reads RGB images; run mae knn on the export instead")
     return cfg
 
 
@@ -170,19 +168,16 @@ def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | 
     m = cfg.monitor
     if not m.knn_data:
         return None
-    from timm.data import create_transform
-
-    from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
+    from mae.data.labeled import LabeledSamples, collate_labeled, eval_transform, open_labeled, split
 
     source = open_labeled(m.knn_data, None, None, option="--monitor.knn_data")
     bank, query = split(source, m.knn_val_fraction, cfg.seed)
-    tf = create_transform(
-        (3, *img_size), is_training=False, crop_pct=1.0, interpolation="bicubic", mean=cfg.data.mean, std=cfg.data.std
-    )
+    c = cfg.model.in_chans
+    tf = eval_transform(img_size, crop_pct=1.0, mean=cfg.data.mean, std=cfg.data.std, in_chans=c)
 
     def loader(src):
         return torch.utils.data.DataLoader(
-            LabeledSamples(src, tf), batch_size=cfg.loop.batch_size, collate_fn=collate_labeled
+            LabeledSamples(src, tf, in_chans=c), batch_size=cfg.loop.batch_size, collate_fn=collate_labeled
         )
 
     return KnnMonitor(

@@ -84,6 +84,17 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
             "--model.in_chans", str(channels), "--data.mean", "auto", "--data.std", "auto", "--data.path", str(data),
             "--loop.batch_size", "4", "--data.num_workers", "0", "--loop.progress", "false",
             "--loop.mixed_precision", "no", "--optim.warmup_epochs", "0.5", "--output_dir", str(out)]  # fmt: skip
+    labeled = tmp_path / "labeled"
+    if channels > 3:  # bands to show, and a labeled set in the same format for the k-NN monitor and downstream
+        rng = np.random.default_rng(1)
+        for label in range(2):
+            folder = labeled / f"class{label}"
+            folder.mkdir(parents=True)
+            for i in range(12):
+                a = smooth(rng, channels) * 0.5
+                a[..., label] += 0.5  # the class is which band is bright
+                np.save(folder / f"{i:02d}.npy", a.astype(np.float32))
+        args += ["--data.preview_bands", "[3, 2, 1]", "--monitor.knn_data", str(labeled)]
     AcceleratorState._reset_state(True)
     assert main([*args, "--loop.epochs", "1"]) == 0
     AcceleratorState._reset_state(True)
@@ -101,16 +112,16 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
     with torch.no_grad():
         torch.testing.assert_close(vit.forward_features(x), model.encoder.forward_features(x))
     assert (out / "preview.png").is_file()
+    image = sorted(data.iterdir())[0]
+    assert (
+        main(["visualize", "--checkpoint", str(out), "--images", str(image), "--output", str(tmp_path / "v.png")]) == 0
+    )
     if channels > 3:  # the downstream stages read the same files and use the encoder's statistics
-        rng = np.random.default_rng(1)
-        for label in range(2):
-            folder = tmp_path / "labeled" / f"class{label}"
-            folder.mkdir(parents=True)
-            for i in range(12):
-                a = smooth(rng, channels) * 0.5
-                a[..., label] += 0.5  # the class is which band is bright
-                np.save(folder / f"{i:02d}.npy", a.astype(np.float32))
-        common = ["--pretrained", str(out), "--data.path", str(tmp_path / "labeled"), "--loop.batch_size", "8",
+        evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+        assert evals and all(0 <= e["knn_top1"] <= 100 for e in evals)
+        assert main(["visualize", "--checkpoint", str(out), "--images", str(image), "--bands", "[0, 5, 12]",
+                     "--output", str(tmp_path / "bands.png")]) == 0  # fmt: skip
+        common = ["--pretrained", str(out), "--data.path", str(labeled), "--loop.batch_size", "8",
                   "--data.num_workers", "0", "--loop.progress", "false", "--loop.mixed_precision", "no"]  # fmt: skip
         for stage, extra in (("linprobe", ["--loop.epochs", "3"]), ("finetune", ["--loop.epochs", "1"]), ("knn", [])):
             AcceleratorState._reset_state(True)
@@ -126,6 +137,15 @@ def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):
     assert gray.encoder.patch_embed.proj.weight.shape[1] == 1
     rgb = load_file(path)["patch_embed.proj.weight"]
     torch.testing.assert_close(gray.encoder.patch_embed.proj.weight[:, 0], rgb.sum(1))
+
+
+def test_stats_reads_rgb_by_default(tmp_path, capsys):
+    from tests.conftest import make_images
+
+    make_images(tmp_path / "imgs", n=6)
+    assert main(["stats", "--data.path", str(tmp_path / "imgs")]) == 0
+    mean = json.loads(capsys.readouterr().out.splitlines()[1].split(maxsplit=1)[1])
+    assert len(mean) == 3 and all(0 < m < 1 for m in mean)
 
 
 def test_stats_prints_per_channel_mean_and_std(tmp_path, capsys):
