@@ -26,6 +26,7 @@ from mae.config import (
     KnnConfig,
     LinprobeConfig,
     PretrainConfig,
+    ShardConfig,
     StatsConfig,
     VisualizeConfig,
     check_config,
@@ -47,6 +48,7 @@ STAGES: dict[str, tuple[type, str]] = {
     "export": (ExportConfig, "Write the encoder as safetensors with timm key names."),
     "stats": (StatsConfig, "Print the per-channel mean and std of a data set (what --data.mean auto measures)."),
     "convert": (ConvertConfig, "Convert another toolkit's MAE checkpoint to this project's safetensors."),
+    "shard": (ShardConfig, "Write images as WebDataset tar shards with an index (a --data.path for every stage)."),
 }
 
 
@@ -56,7 +58,7 @@ def build_parser(stage: str) -> ArgumentParser:
     parser.add_argument("--config", action=ActionConfigFile, help="A recipe YAML (sparse: only what differs).")
     # A list of files reads best as `--images a.jpg b.jpg`, which needs argparse's nargs.
     lists = {"images"} if stage == "visualize" else set()
-    positional = {"source"} if stage == "convert" else set()
+    positional = {"source"} if stage in ("convert", "shard") else set()
     flags = {"attention"} if stage == "visualize" else set()  # `--attention` alone reads best
     parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists | positional | flags)
     for name in flags:
@@ -64,7 +66,8 @@ def build_parser(stage: str) -> ArgumentParser:
     for name in lists:
         parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help="Image files.")
     for name in positional:
-        parser.add_argument(name, type=str, help="The checkpoint to convert.")
+        what = "The images to shard (what --data.path reads)." if stage == "shard" else "The checkpoint to convert."
+        parser.add_argument(name, type=str, help=what)
     return parser
 
 
@@ -177,6 +180,10 @@ def run_stage(stage: str, cfg: Any) -> None:
         print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
         print(f"mean {mean}\nstd  {std}")
         print(f"--data.mean '{mean}' --data.std '{std}'")
+    elif stage == "shard":
+        from mae.data.shards import shard_source
+
+        shard_source(cfg)
     elif stage == "convert":
         from mae.export import export_encoder, save_model
         from mae.importers import load_pretrained

@@ -122,9 +122,14 @@ class DataConfig:
     """Unlabeled images for pretraining."""
 
     path: str | None = None
-    """An image folder (any nesting), a `save_to_disk` folder, or hf:NAME[:split]; null = demo images."""
+    """An image folder (any nesting), a `save_to_disk` folder, hf:NAME[:split], or tar shards (a folder with
+    index.json from `mae shard`, a brace pattern such as /data/train-{000000..000127}.tar, or URLs); null = demo
+    images."""
     image_column: str | None = None
     """Image column of a `datasets` source; null picks the first Image feature."""
+    streaming: bool = False
+    """Stream hf:NAME[:split] (a `datasets` IterableDataset, split over processes and workers) instead of
+    downloading it whole; resumes from each worker's position (README: what streaming guarantees)."""
     crop_scale: tuple[float, float] = ruled((0.2, 1.0), _crop_range, "0 < min <= max <= 1")
     """RandomResizedCrop area range (the paper's 0.2-1.0)."""
     hflip: bool = True
@@ -203,7 +208,8 @@ class MonitorConfig:
     """k-NN accuracy of the encoder on a labeled set, watched during pretraining."""
 
     knn_data: str | None = None
-    """A labeled set (class folders or a labeled dataset): k-NN top-1 of the encoder on it at every evaluation."""
+    """A labeled set (class folders, a labeled dataset or labeled shards): k-NN top-1 of the encoder on it at every
+    evaluation."""
     knn_val_fraction: float = ranged(0.2, gt=0, lt=1)
     """Part of --monitor.knn_data that queries the rest (seeded)."""
     knn_k: int = ranged(20, ge=1)
@@ -234,7 +240,8 @@ class LabeledDataConfig:
     """Labeled images for probing, fine-tuning and k-NN."""
 
     path: str | None = None
-    """Labeled training data: a folder with one subfolder per class, a `save_to_disk` folder, or hf:NAME[:split]."""
+    """Labeled training data: a folder with one subfolder per class, a `save_to_disk` folder, hf:NAME[:split], or
+    labeled tar shards (`mae shard` of any of these; a folder with index.json, a brace pattern or URLs)."""
     val_path: str | None = None
     """Labeled validation data (same forms); null holds out --data.val_fraction of the training data."""
     val_fraction: float = ranged(0.1, gt=0, lt=1)
@@ -243,6 +250,9 @@ class LabeledDataConfig:
     """Image column of a `datasets` source; null picks the first Image feature."""
     label_column: str | None = None
     """Label column of a `datasets` source; null picks the first ClassLabel, or 'label'."""
+    streaming: bool = False
+    """Stream hf:NAME[:split] (and an hf: --data.val_path) instead of downloading it whole: each process reads
+    its part; needs --data.val_path (a stream cannot be split) and a ClassLabel label column."""
     mean: tuple[float, ...] | None = None
     """Normalisation mean, one per channel; null = what the encoder was pretrained with."""
     std: tuple[float, ...] | None = ranged(None, gt=0)
@@ -425,7 +435,8 @@ class StatsDataConfig:
     """The images to measure."""
 
     path: str | None = None
-    """An image folder, a `save_to_disk` folder, or hf:NAME[:split] (as mae pretrain reads them); null = demo images."""
+    """An image folder, a `save_to_disk` folder, hf:NAME[:split] or tar shards (as mae pretrain reads them); null =
+    demo images."""
     image_column: str | None = None
     """Image column of a `datasets` source; null picks the first Image feature."""
 
@@ -476,6 +487,32 @@ class ConvertConfig:
     """Encoder head count, for widths that do not tell it."""
     decoder_num_heads: int | None = ranged(None, ge=1)
     """Decoder head count, for widths that do not tell it."""
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """mae shard."""
+
+    source: str
+    """What --data.path reads: an image folder (class subfolders give labeled shards), a `datasets` folder or
+    hf:NAME[:split], or a shard set (to re-shard or pre-resize it)."""
+    output: str
+    """The folder to write the shards and their index.json into (new, or without an index)."""
+    samples_per_shard: int = ranged(10_000, ge=1)
+    """Samples per tar file (the last one holds the rest)."""
+    max_size: int | None = ranged(None, ge=1)
+    """Re-encode images whose longer side exceeds this many pixels down to it (aspect kept); null = store the
+    files as they are. The originals are never modified."""
+    labeled: bool | None = None
+    """Write each sample's class (KEY.cls); null = when the source is labeled (class subfolders, a label column)."""
+    image_column: str | None = None
+    """Image column of a `datasets` source; null picks the first Image feature."""
+    label_column: str | None = None
+    """Label column of a `datasets` source; null picks the first ClassLabel (or `label`)."""
+    shuffle: bool = True
+    """Write the samples in a seeded random order (the reader shuffles within a few shards at a time)."""
+    seed: int = ranged(0, ge=0)
+    """Seeds the order."""
 
 
 # Settings applied under the user's own options when `mae pretrain` runs on the demo images,

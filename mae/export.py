@@ -68,9 +68,14 @@ def timm_pretrained_cfg(
 
 def encoder_pretrained_cfg(model: MaskedAutoencoder, config: dict[str, Any] | None) -> dict[str, Any]:
     """timm's `pretrained_cfg` of an encoder export: the model's input size, the run's normalisation
-    (ImageNet's when no run config is known), no classes."""
+    (when no run config is known, ImageNet's: for another channel count than 3, its average in every
+    channel), no classes."""
     data = (config or {}).get("data", {})
-    mean, std = list(data.get("mean", IMAGENET_MEAN)), list(data.get("std", IMAGENET_STD))
+    c = model.in_chans
+    default_mean, default_std = (
+        (IMAGENET_MEAN, IMAGENET_STD) if c == 3 else ((sum(IMAGENET_MEAN) / 3,) * c, (sum(IMAGENET_STD) / 3,) * c)
+    )
+    mean, std = list(data.get("mean", default_mean)), list(data.get("std", default_std))
     return timm_pretrained_cfg([model.in_chans, *model.img_size], mean, std, 0)
 
 

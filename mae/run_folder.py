@@ -25,6 +25,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LOOP_STATE = "loop_state.json"
+STREAM_STATE = "stream_state_rank{rank}.json"  # a stream's position in a checkpoint, one per process
 ENCODER = "encoder.safetensors"
 CLASSIFIER = "classifier.safetensors"
 CLASSES = "classes.json"

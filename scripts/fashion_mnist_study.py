@@ -110,11 +110,14 @@ def logistic_regression(data: Path, seed: int) -> tuple[float, float]:
 
 
 def random_encoder(path: Path, seed: int) -> Path:
-    """The pretraining recipe's architecture, randomly initialised (the official init), as an export."""
+    """The pretraining recipe's architecture, randomly initialised (the official init), as an export that
+    carries the data statistics of the seed's pretraining run (so both encoders see the same inputs)."""
     model_cfg = yaml.safe_load((RECIPES / "pretrain.yaml").read_text())["model"]
     torch.manual_seed(seed)
     name = model_cfg.pop("name")
-    return mae.export_encoder(mae.create_mae(name, **model_cfg), path)
+    run = yaml.safe_load((path.parent / "pretrain" / "config.yaml").read_text())
+    stats = {"data": {"mean": run["data"]["mean"], "std": run["data"]["std"]}}
+    return mae.export.save_encoder(mae.create_mae(name, **model_cfg), path, stats)
 
 
 def loss_curve(metrics: Path, png: Path) -> None:
@@ -216,8 +219,15 @@ CANDIDATES = {
         "cross decoder, a quarter of the masked patches": ["--model.decoder", "cross", "--model.predict_ratio", "0.25"],
     },
     "channels": {
-        "3 channels, fixed statistics (the recipe's)": [],
-        "1 channel, statistics measured": ["--model.in_chans", "1", "--data.mean", "auto", "--data.std", "auto"],
+        "3 channels, fixed statistics (the earlier recipe's)": [
+            "--model.in_chans",
+            "3",
+            "--data.mean",
+            "[0.286, 0.286, 0.286]",
+            "--data.std",
+            "[0.353, 0.353, 0.353]",
+        ],
+        "1 channel, statistics measured (the recipe's)": [],
     },
 }
 SELECT_EPOCHS, SELECT_WARMUP = 4, 0.67  # a third of a 12-epoch schedule with 2 epochs of warm-up
@@ -255,14 +265,17 @@ def select(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def block_features(encoder: torch.nn.Module, images: torch.Tensor, mean: float, std: float) -> dict[str, torch.Tensor]:
+def block_features(encoder: torch.nn.Module, images: torch.Tensor, mean: list, std: list) -> dict[str, torch.Tensor]:
     """What a linear probe could read from each block: the probe's feature (final norm, average of the patch
-    tokens), the final cls token, and the average patch token after every block (before the final norm)."""
+    tokens), the final cls token, and the average patch token after every block (before the final norm).
+    The gray images are given as many channels as the encoder reads, normalised per channel."""
     out: dict[str, list[torch.Tensor]] = {}
     encoder.eval()
+    channels = encoder.patch_embed.proj.in_channels
+    m, s = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in (mean, std))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for batch in images.split(500):
-            x = ((batch.float() / 255 - mean) / std).unsqueeze(1).expand(-1, 3, -1, -1)
+            x = (batch.float().div(255).unsqueeze(1).expand(-1, channels, -1, -1) - m) / s
             final, inter = encoder.forward_intermediates(
                 x, indices=len(encoder.blocks), return_prefix_tokens=True, output_fmt="NLC"
             )
@@ -280,8 +293,8 @@ def layers(args: argparse.Namespace) -> None:
     pretrained = out / f"seed{seed}" / "pretrain"
     if not (pretrained / "encoder.safetensors").exists():
         sys.exit(f"{pretrained}/encoder.safetensors: not found; run the study for seed {seed} first")
-    norm = yaml.safe_load((RECIPES / "pretrain.yaml").read_text())["data"]
-    mean, std = norm["mean"][0], norm["std"][0]
+    stats = mae.export.encoder_source(str(pretrained))  # the statistics the encoder was pretrained with
+    mean, std = stats["mean"], stats["std"]
     (xfit, yfit), (xval, yval) = load_split(data, "fit"), load_split(data, "val")
     rand = random_encoder(out / f"seed{seed}" / "random_encoder.safetensors", seed)  # the study's, rebuilt
     encoders = {"MAE": pretrained, "random init": rand}

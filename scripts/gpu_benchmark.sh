@@ -11,5 +11,5 @@ for preset in base large; do
   python scripts/benchmark.py --device cuda --preset "$preset" --precision bf16 --batch 256 --steps 10 --warmup 3 --compile \
     | tee -a "$out"
 done
-python scripts/benchmark_loader.py --images 256 --batch 64 --workers 8 | tee -a "$out"
+python scripts/benchmark_loader.py --images 96 --batch 32 | tee -a "$out"
 echo "wrote $out"

@@ -12,6 +12,7 @@ REQUIRED = {
     "visualize": ["--images", "a.png"],
     "export": ["--checkpoint", "c", "--output", "o"],
     "convert": ["src", "--output", "o"],
+    "shard": ["src", "--output", "o"],
 }
 
 

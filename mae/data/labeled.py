@@ -122,6 +122,10 @@ class Subset:
 
 
 def open_labeled(path: str, image_column: str | None, label_column: str | None, option: str = "--data.path"):
+    from mae.data.shards import is_shard_set, open_shards
+
+    if is_shard_set(path):
+        return open_shards(path, option, labeled=True)
     if not path.startswith("hf:") and not Path(path).is_dir():
         raise DataError(f"{option} {path}: no such folder (expected class subfolders or a saved `datasets` folder)")
     ds = load_hf_dataset(path, option)
@@ -173,14 +177,16 @@ class LabeledSamples(torch.utils.data.Dataset):
     def __getitem__(self, key: int | tuple[int, int]) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         img, bad = load_image(self.source, index, self.in_chans)
-        if bad is not None:
-            return bad
+        return bad if bad is not None else self.prepare(img, epoch, index, int(self.source.labels[index]))
+
+    def prepare(self, img, epoch: int, index: int, label: int) -> dict:
+        """A loaded image -> the sample, its randomness (with a seed) from (seed, epoch, index)."""
         if self.seed is None:
             x = self.transform(img)
         else:
             with seeded_rng(sample_seed(self.seed, epoch, index)):
                 x = self.transform(img)
-        return {"image": x, "label": int(self.source.labels[index]), "index": index}
+        return {"image": x, "label": label, "index": index}
 
 
 def collate_labeled(samples: list[dict]) -> dict:

@@ -3,6 +3,7 @@ and `source.load_array(i) -> [H, W, C]` for any channel count (grayscale, 16-bit
 
 - an unlabeled folder: recursive, any nesting, listed with `os.scandir` (no copies, no decoding);
 - a Hugging Face `datasets` dataset: `hf:NAME[:split]` or a `save_to_disk` folder;
+- a WebDataset shard set (`mae.data.shards`): a folder with `index.json`, a brace pattern or URLs;
 - no path: the demo photos that ship inside scikit-image.
 """
 
@@ -14,6 +15,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -99,16 +101,17 @@ def image_array(a: np.ndarray, name: str) -> np.ndarray:
     return a.astype(np.float32, copy=False)
 
 
-def read_array(path: str) -> np.ndarray:
+def read_array(path: str, fp: BinaryIO | None = None) -> np.ndarray:
     """A file as [H, W, C] float32: `.npy` arrays (H x W x C), TIFFs of any band count (tifffile; planar
-    C x H x W is transposed), everything else through PIL (`pil_array`)."""
+    C x H x W is transposed), everything else through PIL (`pil_array`). With `fp`, the bytes are read
+    from it (a member of a shard) and `path` only gives the format (its suffix) and the name in errors."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".npy":
-        a = np.load(path, allow_pickle=False)
+        a = np.load(fp or path, allow_pickle=False)
     elif suffix in (".tif", ".tiff"):
         import tifffile
 
-        with tifffile.TiffFile(path) as tif:
+        with tifffile.TiffFile(fp or path) as tif:
             page = tif.pages[0]
             a = tif.asarray()  # the first series: every page of a band-per-page file
             rgb_alpha = page.photometric == tifffile.PHOTOMETRIC.RGB and len(page.extrasamples) > 0
@@ -117,9 +120,25 @@ def read_array(path: str) -> np.ndarray:
         if rgb_alpha:  # an RGB image with an alpha channel: colour, not 4 bands of data
             a = a[..., :3]
     else:
-        with Image.open(path) as img:
+        with Image.open(fp or path) as img:
             a = pil_array(img)
     return image_array(a, path)
+
+
+def read_rgb(path: str, fp: BinaryIO | None = None, decode_side: int | None = None) -> Image.Image:
+    """A file as a PIL RGB image (`to_rgb`); arrays (.npy, .tif) must hold 1 or 3 channels. JPEGs larger
+    than `decode_side` decode at a reduced scale (see `FolderSource.set_decode_size`). `fp` as for `read_array`."""
+    if path.lower().endswith((".npy", ".tif", ".tiff")):  # arrays of any band count: RGB must be 3 (or 1)
+        a = read_array(path, fp)
+        rgb = a.repeat(3, axis=2) if a.shape[2] == 1 else a
+        check_channels(rgb, 3, path)
+        return Image.fromarray(np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8))
+    with Image.open(fp or path) as img:
+        if decode_side and img.format == "JPEG" and min(img.size) > decode_side:
+            scale = decode_side / min(img.size)
+            img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+        img.load()
+        return to_rgb(img)
 
 
 def iter_image_files(root: str | os.PathLike) -> Iterator[str]:
@@ -168,19 +187,13 @@ class FolderSource:
     def load_array(self, i: int) -> np.ndarray:
         return read_array(str(self.paths[i]))
 
-    def load(self, i: int) -> Image.Image:
+    def raw(self, i: int) -> tuple[bytes, str]:
+        """(the file's bytes, its extension) (for `mae shard`)."""
         path = str(self.paths[i])
-        if path.lower().endswith((".npy", ".tif", ".tiff")):  # arrays of any band count: RGB must be 3 (or 1)
-            a = read_array(path)
-            rgb = a.repeat(3, axis=2) if a.shape[2] == 1 else a
-            check_channels(rgb, 3, path)
-            return Image.fromarray(np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8))
-        with Image.open(path) as img:
-            if self.decode_side and img.format == "JPEG" and min(img.size) > self.decode_side:
-                scale = self.decode_side / min(img.size)
-                img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
-            img.load()
-            return to_rgb(img)
+        return Path(path).read_bytes(), os.path.splitext(path)[1].lower().lstrip(".")
+
+    def load(self, i: int) -> Image.Image:
+        return read_rgb(str(self.paths[i]), decode_side=self.decode_side)
 
 
 class HFSource:
@@ -207,6 +220,21 @@ class HFSource:
 
     def name(self, i: int) -> str:
         return f"{self.label}[{i}]"
+
+    def raw(self, i: int) -> tuple[bytes, str] | None:
+        """(the stored bytes, their extension) of image `i` (for `mae shard`); None when the column holds
+        decoded arrays rather than encoded files."""
+        if getattr(self, "_raw", None) is None:
+            from datasets import Image as ImageFeature
+
+            self._raw = self.dataset.cast_column(self.column, ImageFeature(decode=False))
+        value = self._raw[int(i)][self.column]
+        if not isinstance(value, dict) or not (value.get("bytes") or value.get("path")):
+            return None
+        data = value.get("bytes") or Path(value["path"]).read_bytes()
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = (img.format or "png").lower()
+        return data, {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
 
     def load_array(self, i: int) -> np.ndarray:
         value = self.dataset[int(i)][self.column]
@@ -272,9 +300,13 @@ def load_hf_dataset(path: str, option: str = "--data.path"):
 
 
 def open_source(path: str | None, image_column: str | None = None):
-    """The source behind `--data.path`."""
+    """The source behind `--data.path`: the one place that tells the kinds apart."""
     if path is None:
         return DemoSource()
+    from mae.data.shards import is_shard_set, open_shards
+
+    if is_shard_set(path):
+        return open_shards(path)
     if not path.startswith("hf:"):
         p = Path(path)
         if not p.exists():

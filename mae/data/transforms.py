@@ -91,8 +91,11 @@ class PretrainSamples(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, int]) -> dict:
         epoch, index = key
         img, bad = load_image(self.source, index, self.in_chans)
-        if bad is not None:
-            return bad
+        return bad if bad is not None else self.prepare(img, epoch, index)
+
+    def prepare(self, img, epoch: int, index: int) -> dict:
+        """A loaded image (PIL RGB, or a float tensor [C, H, W]) -> the sample; its crop, flip and mask drawn
+        from (seed, epoch, index). Streams (`mae.data.streaming`) call this with their own positions."""
         with torch.random.fork_rng(devices=[]):
             # The CPU generator only: torch.manual_seed also queues CUDA seeding, which on a CUDA build
             # records a stack trace per call (half of this method's time on 28-px images).

@@ -16,7 +16,15 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from mae.run_folder import CONFIG, LOOP_STATE, checkpoint_dir, follow_umask, list_checkpoints, partial_checkpoint_dir
+from mae.run_folder import (
+    CONFIG,
+    LOOP_STATE,
+    STREAM_STATE,
+    checkpoint_dir,
+    follow_umask,
+    list_checkpoints,
+    partial_checkpoint_dir,
+)
 
 
 def save_checkpoint(
@@ -26,8 +34,10 @@ def save_checkpoint(
     loop_state: dict[str, Any],
     config_yaml: str,
     keep: int,
+    process_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Save the full training state at optimizer step `step`; keep the newest `keep`."""
+    """Save the full training state at optimizer step `step`; keep the newest `keep`. `process_state`
+    is this process's own (a stream's position: `STREAM_STATE`), written by every process."""
     final = checkpoint_dir(output_dir, step)
     tmp = partial_checkpoint_dir(output_dir, step)
     folder = final.parent
@@ -37,6 +47,8 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(str(tmp), safe_serialization=True)
+        if process_state is not None:
+            (tmp / STREAM_STATE.format(rank=accelerator.process_index)).write_text(json.dumps(process_state))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / LOOP_STATE).write_text(json.dumps(loop_state))
@@ -59,6 +71,16 @@ def save_checkpoint(
 
 def load_loop_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / LOOP_STATE).read_text())
+
+
+def load_process_state(checkpoint: str | os.PathLike, rank: int) -> dict[str, Any]:
+    path = Path(checkpoint) / STREAM_STATE.format(rank=rank)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: this checkpoint has no stream position for process {rank} (was it saved by a run with "
+            "another number of processes?); resume with the same processes, or pass --resume never"
+        )
+    return json.loads(path.read_text())
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -18,6 +18,7 @@ from timm.optim import Lars
 from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
 from mae.data.labeled import eval_transform as labeled_eval_transform
+from mae.data.streaming import StreamSamples, StreamSource
 from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
 from mae.importers import CheckpointError
 from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
@@ -36,8 +37,10 @@ from mae.train.run import (
     maybe_compile,
     open_accelerator,
     plain_model,
+    prepare_eval,
     warn,
 )
+from mae.train.stream_loaders import EvalStream
 from mae.train.tasks import ClassifierTask
 
 
@@ -103,9 +106,22 @@ def load_source(cfg: Any) -> dict[str, Any]:
 def labeled_splits(cfg: Any):
     """(train, validation) labeled sources with the same classes."""
     d = cfg.data
-    train_src = open_labeled(d.path, d.image_column, d.label_column)
+    if d.streaming:
+        from mae.data.streaming import StreamSource
+
+        if not d.val_path:
+            raise ConfigError(
+                "--data.streaming true: a stream cannot be split into training and validation data; give "
+                "--data.val_path (a labeled folder, shards, or another hf: split, which is streamed too)"
+            )
+        train_src = StreamSource(d.path, d.image_column, d.label_column, labeled=True)
+    else:
+        train_src = open_labeled(d.path, d.image_column, d.label_column)
     if d.val_path:
-        val_src = open_labeled(d.val_path, d.image_column, d.label_column, option="--data.val_path")
+        if d.streaming and d.val_path.startswith("hf:"):
+            val_src = StreamSource(d.val_path, d.image_column, d.label_column, labeled=True)
+        else:
+            val_src = open_labeled(d.val_path, d.image_column, d.label_column, option="--data.val_path")
         if list(val_src.classes) != list(train_src.classes):
             raise ConfigError(
                 f"--data.val_path {d.val_path}: its classes {val_src.classes[:5]}... differ from "
@@ -134,6 +150,21 @@ def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
 
 
 def eval_loader(source, transform, cfg: Any, size: tuple[int, int], in_chans: int = 3):
+    if isinstance(source, StreamSource):  # this process's part of the stream, in order
+        from accelerate import PartialState
+
+        state = PartialState()
+        samples = StreamSamples(
+            source,
+            LabeledSamples(source, transform, in_chans=in_chans).prepare,
+            seed=0,
+            rank=state.process_index,
+            world=state.num_processes,
+            in_chans=in_chans,
+            shuffle=False,
+        )
+        return EvalStream(samples, batch_size=cfg.loop.batch_size, collate_fn=collate_labeled,
+                          num_workers=cfg.data.num_workers)  # fmt: skip
     return make_loader(
         LabeledSamples(source, transform, decode_side=decode_side(size, cfg.data.crop_pct), in_chans=in_chans),
         batch_size=cfg.loop.batch_size,
@@ -187,7 +218,7 @@ def _cached(accelerator, encoder, loader, cache: Path | None, name: str) -> tupl
     if cache is not None and (cache / f"{name}_features.npy").exists():
         feats = np.load(cache / f"{name}_features.npy", mmap_mode="r")
         return torch.from_numpy(np.asarray(feats)), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
-    feats, labels = predict(encoder, accelerator.prepare_data_loader(loader), accelerator)
+    feats, labels = predict(encoder, prepare_eval(accelerator, loader), accelerator)
     if cache is not None and accelerator.is_main_process:
         cache.mkdir(parents=True, exist_ok=True)
         np.save(cache / f"{name}_features.npy", feats.numpy())
@@ -366,11 +397,9 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
     c = setup.in_chans
     tf = eval_transform(size, cfg, mean, std, c)
     bank, bank_labels = predict(
-        encoder, accelerator.prepare_data_loader(eval_loader(train_src, tf, cfg, size, c)), accelerator
+        encoder, prepare_eval(accelerator, eval_loader(train_src, tf, cfg, size, c)), accelerator
     )
-    query, labels = predict(
-        encoder, accelerator.prepare_data_loader(eval_loader(val_src, tf, cfg, size, c)), accelerator
-    )
+    query, labels = predict(encoder, prepare_eval(accelerator, eval_loader(val_src, tf, cfg, size, c)), accelerator)
     scores = knn_scores(
         bank, bank_labels, query, num_classes=len(train_src.classes), k=cfg.k, temperature=cfg.temperature
     )

@@ -32,6 +32,8 @@ def predict(
     was_training = model.training
     model.eval()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    # A stream's part (`EvalStream`) has its own length on each process: gathered once, at the end.
+    per_batch = accelerator is not None and not getattr(loader, "streamed", False)
     outputs, labels, bad = [], [], []
     for batch in loader:
         bad.extend(batch.get("bad", []))
@@ -40,14 +42,25 @@ def predict(
         with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
             out = model(batch["image"].to(device)).float()
         y = batch["label"]
-        if accelerator is not None:
+        if per_batch:
             out, y = accelerator.gather_for_metrics((out, y.to(device)))
         outputs.append(out.cpu())
         labels.append(y.cpu())
     model.train(was_training)
     if accelerator is not None:
         report_bad_files(accelerator, bad, [] if bad_seen is None else bad_seen)
+    if not per_batch and accelerator is not None and accelerator.num_processes > 1:
+        return _gather_parts(accelerator, outputs, labels)
     return torch.cat(outputs), torch.cat(labels)
+
+
+def _gather_parts(accelerator: Accelerator, outputs: list, labels: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every process's outputs and labels, of different lengths, concatenated in process order."""
+    from accelerate.utils import gather_object
+
+    parts = gather_object([(torch.cat(outputs) if outputs else None, torch.cat(labels) if labels else None)])
+    parts = [p for p in parts if p[0] is not None]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def knn_scores(

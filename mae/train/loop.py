@@ -8,7 +8,9 @@ the lr schedule, clipping, non-finite steps, logging, checkpoints, resume and gr
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from mae.run_folder import checkpoint_dir
 from mae.train.checkpoint import save_checkpoint
 from mae.train.metrics import MetricsWriter, report_bad_files
 from mae.train.schedule import apply_lr, lr_at
+from mae.train.stream_loaders import StreamLoader
 
 
 class Task(Protocol):
@@ -112,11 +115,20 @@ def fit(
     # One process checks its own stop flag every step (no collective); several agree on it at log steps.
     stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
     first_step: float | None = time.perf_counter()
+    doctor = _LoaderDoctor(accelerator, loader)
 
     def checkpoint() -> None:
         skips.collect(state)
         try:
-            save_checkpoint(accelerator, output_dir, state.step, asdict(state), config_yaml, loop.keep_checkpoints)
+            save_checkpoint(
+                accelerator,
+                output_dir,
+                state.step,
+                asdict(state),
+                config_yaml,
+                loop.keep_checkpoints,
+                process_state=loader.state_dict() if isinstance(loader, StreamLoader) else None,
+            )
         except OSError as e:
             raise TrainingError(
                 f"could not save a checkpoint in {output_dir / 'checkpoints'} ({e.strerror or e}); the earlier "
@@ -125,12 +137,18 @@ def fit(
 
     with _StopRequest() as stop:
         while state.epoch < loop.epochs:
-            batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
+            batches = loader
+            if state.batch_in_epoch:  # a stream knows its position (restored with the checkpoint); others skip indices
+                n = state.batch_in_epoch
+                stream = isinstance(loader, StreamLoader)
+                batches = loader.skip_first_batches(n) if stream else accelerator.skip_first_batches(loader, n)
             # Accelerate's loader re-sets its sampler's epoch from its own counter on every pass;
             # give both ours, which is the truth after a resume.
             batches.set_epoch(state.epoch)
             sampler.set_epoch(state.epoch)
+            waiting = time.perf_counter()
             for batch in batches:
+                window.wait += time.perf_counter() - waiting
                 state.batch_in_epoch += 1
                 window.bad.extend(batch.get("bad", []))
                 with accelerator.accumulate(task.model):
@@ -167,6 +185,7 @@ def fit(
                             if len({g.get("lr_scale", 1.0) for g in optimizer.param_groups}) > 1:
                                 record["group_lrs"] = [g["lr"] for g in optimizer.param_groups]
                             metrics.write(record)
+                            doctor.check(record["data_wait"])
                             bar.set_postfix(
                                 loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{record['img_per_s']:.1f}"
                             )
@@ -180,6 +199,7 @@ def fit(
                             )
                             bar.close()
                             raise SystemExit(0)
+                waiting = time.perf_counter()
             state.epoch += 1
             state.batch_in_epoch = 0
             final = state.epoch == loop.epochs
@@ -263,6 +283,7 @@ class _Window:
         self.loss_sum = torch.zeros((), device=accelerator.device)
         self.count = torch.zeros((), device=accelerator.device)
         self.images = 0
+        self.wait = 0.0  # seconds spent waiting for batches
         self.bad: list[tuple[str, str]] = []  # (file, reason) met on this process since the last flush
         self.start = time.perf_counter()
 
@@ -279,6 +300,9 @@ class _Window:
         images = _total(acc, self.images)
         report_bad_files(acc, self.bad, state.bad_files)
         elapsed = time.perf_counter() - self.start
+        wait = self.wait / elapsed if elapsed > 0 else 0.0
+        if acc.num_processes > 1:  # the slowest loader sets the pace
+            wait = acc.reduce(torch.tensor(wait, device=acc.device), "max").item()
         record = {
             "step": state.step,
             "epoch": round(state.epoch + state.batch_in_epoch / (steps_per_epoch * acc.gradient_accumulation_steps), 4),
@@ -287,13 +311,52 @@ class _Window:
             "img_per_s": images / elapsed if elapsed > 0 else 0.0,
             "nonfinite_steps": state.nonfinite_steps,
             "skipped_files": len(state.bad_files),
+            "data_wait": round(wait, 4),
         }
+        self.wait = 0.0
         self.loss_sum.zero_()
         self.count.zero_()
         self.images = 0
         self.bad = []
         self.start = time.perf_counter()
         return record
+
+
+class _LoaderDoctor:
+    """Warns once when the step waits for its batch more than `LIMIT` of the time (`data_wait` in the
+    metrics). Neither the first log window (workers starting) nor the run's first `SETTLE` seconds are
+    judged: a short run or a start-up hiccup is not a loader problem."""
+
+    LIMIT = 0.2
+    SETTLE = 60.0
+
+    def __init__(self, accelerator: Accelerator, loader: Any) -> None:
+        self.accelerator, self.loader = accelerator, loader
+        self.windows = 0
+        self.warned = False
+        self.start = time.perf_counter()
+
+    def check(self, data_wait: float) -> None:
+        self.windows += 1
+        settled = self.windows >= 2 and time.perf_counter() - self.start >= self.SETTLE
+        if self.warned or not settled or data_wait <= self.LIMIT:
+            return
+        self.warned = True
+        workers = getattr(self.loader, "num_workers", 0)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        procs = self.accelerator.num_processes
+        hint = (
+            f"raise --data.num_workers (now {workers} per process, {procs} process(es) on {cores} cores)"
+            if workers * procs < (cores or 1)
+            else "every core already loads data"
+        )
+        if self.accelerator.is_main_process:
+            tqdm.write(
+                f"warning: data_wait {data_wait:.0%}: the training step waited for its batch {data_wait:.0%} of "
+                f"the time; {hint}; for large photos, pre-resize them once (mae shard SOURCE --output DIR "
+                "--max_size 768) and train from the shards",
+                file=sys.stderr,
+            )
 
 
 def _total(accelerator: Accelerator, value: int) -> int:

@@ -18,11 +18,13 @@ from accelerate.utils import set_seed
 
 from mae.config import ConfigError, flatten, to_dict
 from mae.data.samplers import EpochSampler
+from mae.data.streaming import StreamSamples, StreamSource
 from mae.run_folder import CONFIG, METRICS, list_checkpoints
-from mae.train.checkpoint import checkpoint_bytes, load_loop_state
+from mae.train.checkpoint import checkpoint_bytes, load_loop_state, load_process_state
 from mae.train.loop import LoopState, Schedule, fit
 from mae.train.metrics import MetricsWriter
 from mae.train.schedule import lr_at
+from mae.train.stream_loaders import StreamLoader
 
 
 def cpu_has_bf16() -> bool:
@@ -128,6 +130,7 @@ def make_loader(
     num_workers: int,
     sampler: Any = None,
     drop_last: bool = True,
+    persistent: bool = True,
 ) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(
         dataset,
@@ -137,7 +140,8 @@ def make_loader(
         collate_fn=collate_fn,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
-        persistent_workers=num_workers > 0,  # the epoch travels with each index, not the dataset
+        # the epoch travels with each index, not the dataset (a stream's workers must start afresh instead)
+        persistent_workers=persistent and num_workers > 0,
         worker_init_fn=_ignore_stop_signals,
     )
 
@@ -197,6 +201,8 @@ def train(
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         state = LoopState(**load_loop_state(resume_from))
+        if isinstance(loader, StreamLoader):
+            loader.load_state_dict(load_process_state(resume_from, accelerator.process_index))
         accelerator.print(f"resuming from {resume_from} (step {state.step}, epoch {state.epoch})")
     elif accelerator.is_main_process and (output_dir / METRICS).exists():
         (output_dir / METRICS).unlink()  # a fresh start: the old run's log would mislead
@@ -250,15 +256,31 @@ def launch(
     """What every training stage does between its data and its export: sampler, loader, lr, optimizer
     (`optimizer(model, lr)`), attention kernel, `prepare`, compile, the task (`task(model, val_loader)`,
     both prepared), then `fit`. Returns the trained model as prepared, and the task."""
-    check_batch_fits(len(dataset), cfg, accelerator)
-    sampler = EpochSampler(len(dataset), cfg.seed)
-    loader = make_loader(
-        dataset, batch_size=cfg.loop.batch_size, sampler=sampler, collate_fn=collate_fn, num_workers=num_workers
-    )
     lr, _ = effective_lr(cfg, accelerator)
     opt = optimizer(model, lr)
     configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
-    model, opt, loader, *val = accelerator.prepare(model, opt, loader, *([val_loader] if val_loader else []))
+    if isinstance(getattr(dataset, "source", None), StreamSource):  # each process reads its part of the stream
+        dataset = StreamSamples(
+            dataset.source,
+            dataset.prepare,
+            seed=cfg.seed,
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+            in_chans=dataset.in_chans,
+        )
+        loader = sampler = StreamLoader(
+            dataset,
+            batch_size=cfg.loop.batch_size,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            device=accelerator.device,
+        )
+        model, opt = accelerator.prepare(model, opt)
+    else:
+        check_batch_fits(len(dataset), cfg, accelerator)
+        sampler, loader = training_loader(cfg, dataset, collate_fn, num_workers)
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+    val = [prepare_eval(accelerator, val_loader)] if val_loader is not None else []
     model = maybe_compile(model, cfg.loop.compile, accelerator.device.type)
     the_task = task(model, val[0] if val else None)
     train(
@@ -273,6 +295,25 @@ def launch(
         resume_from=resume_from,
     )
     return model, the_task
+
+
+def prepare_eval(accelerator: Accelerator, loader: Any) -> Any:
+    """An evaluation loader, prepared (sharded over processes, gathered exactly by `features.predict`);
+    a stream's (`EvalStream`) is split by process already and stays as it is."""
+    return loader if getattr(loader, "streamed", False) else accelerator.prepare_data_loader(loader)
+
+
+def training_loader(
+    cfg: Any, dataset: torch.utils.data.Dataset, collate_fn: Callable, num_workers: int
+) -> tuple[EpochSampler, torch.utils.data.DataLoader]:
+    """The epoch sampler (local reads for a shard set: its `shard_ends`) and the training loader, before
+    `prepare` (which shards its batches over processes)."""
+    shard_ends = getattr(getattr(dataset, "source", None), "shard_ends", None)
+    sampler = EpochSampler(len(dataset), cfg.seed, shard_ends=shard_ends)
+    loader = make_loader(
+        dataset, batch_size=cfg.loop.batch_size, sampler=sampler, collate_fn=collate_fn, num_workers=num_workers
+    )
+    return sampler, loader
 
 
 def peak_lr(schedule: Schedule) -> float:

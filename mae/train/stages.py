@@ -11,7 +11,7 @@ import torch
 from mae.config import ConfigError, PretrainConfig, to_dict
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
-from mae.data.transforms import PretrainSamples, collate_samples
+from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.export import describe_vit, save_encoder, timm_architecture
 from mae.importers import load_pretrained
 from mae.models.decoder import DECODERS
@@ -112,8 +112,14 @@ def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
 def run_pretrain(cfg: PretrainConfig) -> Path:
     """Pretrain per `cfg`; returns the output folder."""
     validate_pretrain(cfg)
-    source = open_source(cfg.data.path, cfg.data.image_column)
-    cfg = resolve_data_stats(cfg, source)
+    if cfg.data.streaming:
+        from mae.data.streaming import StreamSource
+
+        source = StreamSource(cfg.data.path or "", cfg.data.image_column)
+        head = source.head(1000)  # statistics and previews come from the stream's first examples
+    else:
+        source = head = open_source(cfg.data.path, cfg.data.image_column)
+    cfg = resolve_data_stats(cfg, head)
     output_dir = Path(cfg.output_dir)
     resume_from = find_resume_checkpoint(cfg)
     accelerator = open_accelerator(cfg)
@@ -131,14 +137,14 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         mask_ratio=cfg.model.mask_ratio,
         in_chans=cfg.model.in_chans,
     )
-    preview = collate_samples([samples[(0, i)] for i in _preview_indices(source)])
+    preview = _preview(samples, head)
     decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
     arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
     model, _ = launch(
         cfg,
         accelerator=accelerator,
         model=model,
-        dataset=samples,
+        dataset=samples,  # a stream's `launch` splits over processes
         collate_fn=collate_samples,
         num_workers=cfg.data.num_workers,
         optimizer=lambda m, lr: adamw(m, lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)),
@@ -152,7 +158,8 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
             output_dir=output_dir,
             knn_monitor=knn_monitor(cfg, samples.img_size),
         ),
-        what=f"pretraining {arch} on {len(samples)} images ({cfg.data.path or 'demo photos'})",
+        what=f"pretraining {arch} on {len(samples)} images "
+        f"({cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''})",
         resume_from=resume_from,
     )
     state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
@@ -183,6 +190,15 @@ def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | 
     return KnnMonitor(
         loader(bank), loader(query), num_classes=len(source.classes), k=m.knn_k, temperature=m.knn_temperature
     )
+
+
+def _preview(samples: PretrainSamples, source) -> dict:
+    """The preview batch: distinct images of `source` (a stream's first ones), prepared as in epoch 0."""
+    items = []
+    for i in _preview_indices(source):
+        img, bad = load_image(source, i, samples.in_chans)
+        items.append(bad if bad is not None else samples.prepare(img, 0, i))
+    return collate_samples(items)
 
 
 def _preview_indices(source) -> list[int]:

@@ -21,3 +21,21 @@ def test_apply_lr_keeps_each_groups_scale():
     opt = torch.optim.SGD([{"params": [p], "lr_scale": 0.25}, {"params": [q]}], lr=1.0)
     apply_lr(opt, 0.4)
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.4]
+
+
+def test_the_loader_doctor_warns_once_when_the_step_waits_for_data(capsys):
+    from types import SimpleNamespace
+
+    from mae.train.loop import _LoaderDoctor
+
+    doctor = _LoaderDoctor(SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0))
+    doctor.check(0.9)  # the first window holds the workers' start: not judged
+    doctor.check(0.5)  # nor the first minute
+    assert "data_wait" not in capsys.readouterr().err
+    doctor.start -= doctor.SETTLE
+    doctor.check(0.1)
+    assert "data_wait" not in capsys.readouterr().err
+    doctor.check(0.35)
+    doctor.check(0.5)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data_wait 35%" in err[0] and "--data.num_workers" in err[0] and "--max_size" in err[0]
