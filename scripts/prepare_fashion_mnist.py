@@ -45,14 +45,21 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def from_idx(folder: Path, classes: list[str]):
+# split -> (images, labels): the IDX files' names, without .gz
+IDX = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def from_idx(files: dict[str, Path], classes: list[str]):
+    """Train and test splits from the IDX files (`files`: name -> path, every name in IDX)."""
     import datasets
 
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
     splits = {}
-    for split, prefix in (("train", "train"), ("test", "t10k")):
-        images = read_idx(idx_file(folder, f"{prefix}-images-idx3-ubyte"))
-        labels = read_idx(idx_file(folder, f"{prefix}-labels-idx1-ubyte"))
+    for split, (image_name, label_name) in IDX.items():
+        images, labels = read_idx(files[image_name]), read_idx(files[label_name])
         splits[split] = datasets.Dataset.from_dict({"image": list(images), "label": labels.tolist()}, features=features)
     return splits
 
@@ -74,13 +81,13 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.output)
     names = CLASSES if args.classes == "fashion" else [str(i) for i in range(10)]
-    idx = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    files = {name: idx_file(Path(args.source), name) for pair in IDX.values() for name in pair}
     if args.source == "hub":
         splits = from_hub()
-    elif all(idx_file(Path(args.source), name) for name in idx):
-        splits = from_idx(Path(args.source), names)
+    elif all(files.values()):
+        splits = from_idx(files, names)
     else:
-        print(f"prepare_fashion_mnist: {args.source} lacks the IDX files {', '.join(idx)} (.gz or not); "
+        print(f"prepare_fashion_mnist: {args.source} lacks the IDX files {', '.join(files)} (.gz or not); "
               "`apt-get install dataset-fashion-mnist` or pass --source hub", file=sys.stderr)  # fmt: skip
         return 2
     held_out = splits["train"].train_test_split(test_size=6000, seed=0, stratify_by_column="label")

@@ -19,8 +19,14 @@ def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
         f.write(header + array.astype(np.uint8).tobytes())
 
 
-@pytest.mark.parametrize("gz", [True, False])
-def test_prepare_idx(tmp_path, gz):
+@pytest.mark.parametrize(
+    ("gz", "classes", "names"),
+    [
+        (True, None, ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"]),  # the default: Fashion-MNIST's
+        (False, "digits", ["0", "1", "2", "3", "4"]),
+    ],
+)
+def test_prepare_idx(tmp_path, gz, classes, names):
     import datasets
 
     rng = np.random.default_rng(0)
@@ -32,13 +38,14 @@ def test_prepare_idx(tmp_path, gz):
         write_idx(src / f"{prefix}-images-idx3-ubyte{'.gz' if gz else ''}", images, gz)
         write_idx(src / f"{prefix}-labels-idx1-ubyte{'.gz' if gz else ''}", labels, gz)
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--source", str(src), "--output", str(out), "--classes", "digits"]
+    cmd = [sys.executable, str(SCRIPT), "--source", str(src), "--output", str(out)]
+    cmd += ["--classes", classes] if classes else []
     subprocess.run(cmd, check=True, capture_output=True)
     train, test = datasets.load_from_disk(str(out / "train")), datasets.load_from_disk(str(out / "test"))
     assert (len(train), len(test)) == (6100, 50)
     assert len(datasets.load_from_disk(str(out / "fit"))) == 100
     assert len(datasets.load_from_disk(str(out / "val"))) == 6000
-    assert train.features["label"].names == [str(i) for i in range(10)]
+    assert train.features["label"].names[:5] == names and train.features["label"].num_classes == 10
     first = np.asarray(test[0]["image"])
     assert first.shape == (28, 28)
     with (gzip.open if gz else open)(src / f"t10k-images-idx3-ubyte{'.gz' if gz else ''}", "rb") as f:
