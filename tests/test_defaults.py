@@ -53,3 +53,28 @@ def test_every_stage_runs_at_its_defaults(tmp_path, capsys):
     assert out.out.count("top1") >= 3
     # Default warm-ups (40, 10, 5 epochs) are longer than these runs: each stage says so at start.
     assert out.err.count("--optim.warmup_epochs") >= 3
+
+
+def test_auto_precision_takes_bf16_on_a_cpu_only_where_it_was_timed_faster(monkeypatch):
+    from mae.train import run
+
+    monkeypatch.setattr(run.torch.cuda, "is_available", lambda: False)
+    for speedup, expected in ((0.5, "no"), (1.1, "no"), (run.BF16_PAYS, "bf16"), (2.2, "bf16")):
+        monkeypatch.setattr(run, "cpu_bf16_speedup", lambda s=speedup: s)
+        assert run.resolve_precision("auto") == expected
+        assert run.resolve_precision("no") == "no" and run.resolve_precision("bf16") == "bf16"
+    monkeypatch.setattr(run, "cpu_has_bf16", lambda: True)
+    assert run.describe_precision("auto", "bf16") == "bf16 (auto: bf16 matrix products 2.20x fp32 on this CPU)"
+    assert run.describe_precision("bf16", "bf16") == "bf16"
+
+
+def test_bf16_speedup_is_timed_where_the_cpu_has_bf16_and_zero_where_it_has_not(monkeypatch):
+    from mae.train import run
+
+    run.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(run, "cpu_has_bf16", lambda: False)
+    assert run.cpu_bf16_speedup(64, 1) == 0.0
+    run.cpu_bf16_speedup.cache_clear()  # timed once per process: forget the answer above
+    monkeypatch.setattr(run, "cpu_has_bf16", lambda: True)
+    assert run.cpu_bf16_speedup(64, 1) > 0  # a real timing of 64 x 64 products in both precisions
+    run.cpu_bf16_speedup.cache_clear()
