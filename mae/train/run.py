@@ -42,24 +42,24 @@ BF16_PAYS = 1.25  # bf16 must run matrix products this much faster than fp32 for
 
 
 @functools.cache
-def cpu_bf16_speedup(n: int = 1024, repeats: int = 3) -> float:
-    """How much faster this CPU multiplies n x n matrices in bf16 than in fp32 (best of `repeats`, ~0.1 s).
+def cpu_bf16_speedup(n: int = 1024, repeats: int = 5) -> float:
+    """How much faster this CPU multiplies n x n matrices in bf16 than in fp32 (~0.2 s, once per process).
 
     Timed rather than read off the flags: with AVX512-BF16 and no AMX an AMD EPYC ran bf16 2.2x faster
     than fp32 and an Intel Xeon (AMX not exposed to the VM) 0.5x, so the flags cannot tell the two apart.
+    Both warmed up twice, then timed in turns (best of `repeats` each) so a slow start hits neither alone.
     """
     if not cpu_has_bf16():
         return 0.0
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(n, n, dtype=dtype)
-        a @ a  # warm-up: oneDNN picks and caches its kernel
-        times = []
-        for _ in range(repeats):
+    mats = {dtype: torch.randn(n, n).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    for a in (*mats.values(), *mats.values()):
+        a @ a  # warm-up: threads wake, oneDNN picks and caches its kernel
+    best = dict.fromkeys(mats, math.inf)
+    for _ in range(repeats):
+        for dtype, a in mats.items():
             t = time.perf_counter()
             a @ a
-            times.append(time.perf_counter() - t)
-        best[dtype] = min(times)
+            best[dtype] = min(best[dtype], time.perf_counter() - t)
     return best[torch.float32] / best[torch.bfloat16]
 
 
