@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mae.data.sources import IMAGE_EXTENSIONS, DataError, FolderSource, HFSource, iter_image_files, load_hf_dataset
-from mae.data.transforms import load_image, sample_seed, split_bad
+from mae.data.transforms import DecodedImages, sample_seed, split_bad
 
 
 class LabeledFolder(FolderSource):
@@ -167,6 +167,7 @@ class LabeledSamples(torch.utils.data.Dataset):
         in_chans: int = 3,
     ) -> None:
         self.source, self.transform, self.seed, self.in_chans = source, transform, seed, in_chans
+        self.load = DecodedImages(source, in_chans)
         target = source.source if isinstance(source, Subset) else source
         if decode_side and hasattr(target, "set_decode_size"):
             target.set_decode_size(decode_side)  # large JPEGs decode at a reduced scale (see FolderSource)
@@ -176,7 +177,7 @@ class LabeledSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        img, bad = load_image(self.source, index, self.in_chans)
+        img, bad = self.load(index)
         return bad if bad is not None else self.prepare(img, epoch, index, int(self.source.labels[index]))
 
     def prepare(self, img, epoch: int, index: int, label: int) -> dict:

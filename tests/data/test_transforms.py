@@ -64,3 +64,68 @@ def test_decompression_bomb_is_skipped(tmp_path):
     finally:
         Image.MAX_IMAGE_PIXELS = old
     assert name.endswith("ok.png") and "DecompressionBomb" in reason
+
+
+class _Counting:
+    """A source that counts its decodes."""
+
+    def __init__(self, source):
+        self.source, self.decodes = source, 0
+        self.labels = getattr(source, "labels", None)
+
+    def __len__(self):
+        return len(self.source)
+
+    def name(self, i):
+        return self.source.name(i)
+
+    def load(self, i):
+        self.decodes += 1
+        return self.source.load(i)
+
+    def load_array(self, i):
+        self.decodes += 1
+        return self.source.load_array(i)
+
+
+def test_a_small_set_is_decoded_once_and_samples_stay_what_they_were(tmp_path):
+    from mae.data.labeled import LabeledFolder, LabeledSamples, train_transform
+    from tests.conftest import make_labeled
+
+    make_images(tmp_path / "imgs", n=6, size=24)
+    make_labeled(tmp_path / "labeled", per_class=2, size=24)
+    for in_chans in (3, 1):
+        if in_chans == 1:  # the same files as grayscale
+            for f in tmp_path.rglob("*.*"):
+                Image.open(f).convert("L").save(f)
+        src = _Counting(FolderSource(tmp_path / "imgs"))
+        kept = PretrainSamples(src, img_size=(16, 16), patch_size=4, seed=0, in_chans=in_chans)
+        fresh = PretrainSamples(FolderSource(tmp_path / "imgs"), img_size=(16, 16), patch_size=4, seed=0,
+                                in_chans=in_chans)  # fmt: skip
+        fresh.load.budget = 0  # decodes every time, as before
+        for key in [(e, i) for e in range(3) for i in range(6)]:
+            a, b = kept[key], fresh[key]
+            assert torch.equal(a["image"], b["image"]) and torch.equal(a["noise"], b["noise"])
+        assert src.decodes == 6 and fresh.load.images is None
+
+        # fine-tuning's augmentation (random erasing works in place) must not reach the kept images
+        lsrc = _Counting(LabeledFolder(tmp_path / "labeled"))
+        tf = train_transform((16, 16), scale=(0.5, 1.0), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, re_prob=1.0,
+                             in_chans=in_chans)  # fmt: skip
+        kept, fresh = (
+            LabeledSamples(lsrc, tf, seed=0, in_chans=in_chans),
+            LabeledSamples(LabeledFolder(tmp_path / "labeled"), tf, seed=0, in_chans=in_chans),
+        )
+        fresh.load.budget = 0
+        for key in [(e, i) for e in range(3) for i in range(len(lsrc))]:
+            assert torch.equal(kept[key]["image"], fresh[key]["image"])
+        assert lsrc.decodes == len(lsrc)
+
+
+def test_a_set_too_large_for_the_budget_is_decoded_every_time(image_folder):
+    ds = PretrainSamples(_Counting(FolderSource(image_folder)), img_size=(32, 32), patch_size=8, seed=0)
+    ds.load.budget = 40 * 40 * 3 * (len(ds) - 1)  # one image short of the whole set (40-px RGB images)
+    for epoch in range(2):
+        for i in range(len(ds)):
+            ds[(epoch, i)]
+    assert ds.load.images is None and ds.source.decodes == 2 * len(ds)
