@@ -1,7 +1,9 @@
 """Data-pipeline throughput per core: the pretraining input (decode + random-resized crop + flip + mask +
 collate, as `mae pretrain` builds it) from a folder of full-size JPEGs, from shards `mae shard` made of
 that folder, and from pre-resized shards (`mae shard --max_size`), measured side by side; then a folder
-of many small JPEGs (where opening files, not decoding, is the cost) beside its shards.
+of many small JPEGs (where opening files, not decoding, is the cost) beside its shards; then a set of
+28-px grayscale PNGs read as one channel (the Fashion-MNIST recipe's input), decoded every epoch against
+kept decoded from the second epoch on (`DecodedImages`).
 
     python scripts/benchmark_loader.py                  # 48 generated 12 MP JPEGs (4032 x 3024)
     python scripts/benchmark_loader.py --folder DIR     # your own images
@@ -30,7 +32,7 @@ from PIL import Image
 from mae.data.samplers import EpochSampler
 from mae.data.shards import write_shards
 from mae.data.sources import DEMO_IMAGES, open_source
-from mae.data.transforms import PretrainSamples, collate_samples
+from mae.data.transforms import DecodedImages, PretrainSamples, collate_samples
 from mae.train.run import make_loader
 
 GPU_STEP = 4000  # images/s of a ViT-B/16 MAE step on one H200 (bf16, batch 256)
@@ -75,6 +77,32 @@ def rate(path: str, batch: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def make_tiny_pngs(folder: Path, n: int) -> None:
+    """28-px grayscale PNGs, like Fashion-MNIST's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2)
+    for i in range(n):
+        coarse = rng.integers(0, 255, (4, 4), dtype=np.uint8)
+        Image.fromarray(coarse).resize((28, 28), Image.BICUBIC).save(folder / f"{i:06d}.png")
+
+
+def tiny_rate(path: str, batch: int, keep: bool) -> float:
+    """Images/s of the second pass over 28-px grayscale PNGs read as one channel (patch 4), with the decoded
+    images kept from the first pass (`keep`) or decoded again."""
+    samples = PretrainSamples(open_source(path), img_size=(28, 28), patch_size=4, seed=0, in_chans=1)
+    if not keep:
+        samples.load = DecodedImages(samples.source, 1, budget=0)
+    sampler = EpochSampler(len(samples), 0)
+    loader = make_loader(samples, batch_size=batch, sampler=sampler, collate_fn=collate_samples, num_workers=0)
+    for _ in loader:  # the first pass: decodes (and keeps, if it may)
+        pass
+    sampler.set_epoch(1)
+    start, n = time.perf_counter(), 0
+    for b in loader:
+        n += len(b["image"])
+    return n / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, help="a folder of images (default: generated 12 MP JPEGs)")
@@ -83,6 +111,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--small", type=int, default=3000, help="how many small JPEGs (0: leave this part out)")
+    parser.add_argument("--tiny", type=int, default=6000, help="how many 28-px PNGs (0: leave this part out)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,15 +134,21 @@ def main() -> None:
             make_small_jpegs(Path(tmp) / "small", args.small)
             write_shards(open_source(str(Path(tmp) / "small")), Path(tmp) / "small_shards", progress=False)
             variants.update(small_folder=str(Path(tmp) / "small"), small_shards=str(Path(tmp) / "small_shards"))
+        if args.tiny:
+            make_tiny_pngs(Path(tmp) / "tiny", args.tiny)
+            variants.update(tiny_decoded=str(Path(tmp) / "tiny"), tiny_kept=str(Path(tmp) / "tiny"))
         sizes = {k: sum(f.stat().st_size for f in Path(v).rglob("*") if f.is_file()) for k, v in variants.items()}
         rates: dict[str, list[float]] = {k: [] for k in variants}
         rate(variants["folder"], args.batch)  # page cache and imports warm for every variant alike
         for _ in range(args.rounds):
             for k, v in variants.items():
-                rates[k].append(rate(v, args.batch))
+                tiny = k.startswith("tiny_")
+                rates[k].append(tiny_rate(v, 128, k == "tiny_kept") if tiny else rate(v, args.batch))
     med = {k: statistics.median(v) for k, v in rates.items()}
     what = f"{len(source)} images from {'generated 12 MP JPEGs' if args.folder is None else folder}"
     print(f"{what}; 224-px crops, batch {args.batch}, one core, median of {args.rounds} rounds")
+    if args.tiny:
+        print(f"tiny: {args.tiny} 28-px grayscale PNGs as one channel, batch 128, the second pass")
     print(f"mae shard: {t_shard:.1f} s; mae shard --max_size {args.max_size}: {t_resize:.1f} s")
     print(f"{'':14}{'MiB':>8}{'img/s/core':>12}{f'x{HOST_CORES} cores':>12}{'of H200 ViT-B':>15}")
     for k in variants:
@@ -124,6 +159,8 @@ def main() -> None:
     line = f"shards/folder={med['shards'] / med['folder']:.2f} resized/folder={med['resized'] / med['folder']:.2f}"
     if args.small:
         line += f" small_shards/small_folder={med['small_shards'] / med['small_folder']:.2f}"
+    if args.tiny:
+        line += f" tiny_kept/tiny_decoded={med['tiny_kept'] / med['tiny_decoded']:.2f}"
     print(line)
 
 
