@@ -4,6 +4,9 @@ Recipes set many options; users often set none. This is what a new user's first 
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from accelerate.state import AcceleratorState
@@ -61,11 +64,31 @@ def test_auto_precision_takes_bf16_on_a_cpu_only_where_it_was_timed_faster(monke
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: False)
     for speedup, expected in ((0.5, "no"), (1.1, "no"), (run.BF16_PAYS, "bf16"), (2.2, "bf16")):
         monkeypatch.setattr(run, "cpu_bf16_speedup", lambda s=speedup: s)
+        run.agreed_bf16_speedup.cache_clear()  # decided once per process: forget the answer before
         assert run.resolve_precision("auto") == expected
         assert run.resolve_precision("no") == "no" and run.resolve_precision("bf16") == "bf16"
     monkeypatch.setattr(run, "cpu_has_bf16", lambda: True)
     assert run.describe_precision("auto", "bf16") == "bf16 (auto: bf16 matrix products 2.20x fp32 on this CPU)"
     assert run.describe_precision("bf16", "bf16") == "bf16"
+    run.agreed_bf16_speedup.cache_clear()
+
+
+@pytest.mark.slow
+def test_every_process_of_a_cpu_run_takes_the_precision_of_the_slowest(tmp_path):
+    """Each rank times its own cores; one whose bf16 pays and one whose does not must still agree."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os\n"
+        "from mae.train import run\n"
+        "run.cpu_bf16_speedup = lambda: 2.2 if os.environ['RANK'] == '0' else 0.5\n"
+        "choice = f\"{run.resolve_precision('auto')} {run.agreed_bf16_speedup()}\"\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(choice)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["no 0.5", "no 0.5"]
 
 
 def test_bf16_speedup_is_timed_where_the_cpu_has_bf16_and_zero_where_it_has_not(monkeypatch):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import yaml
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 
 from mae.config import ConfigError, flatten, to_dict
@@ -69,14 +69,27 @@ def resolve_precision(choice: str) -> str:
         return choice
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_bf16_speedup() >= BF16_PAYS else "no"
+    return "bf16" if agreed_bf16_speedup() >= BF16_PAYS else "no"
+
+
+@functools.cache
+def agreed_bf16_speedup() -> float:
+    """`cpu_bf16_speedup`, the lowest over all processes of a multi-process CPU run, so that every rank takes
+    the same precision (each times its own cores). Starts the process group the Accelerator then joins."""
+    speedup = cpu_bf16_speedup()
+    if not _multi_process_cpu():
+        return speedup
+    PartialState(cpu=True)
+    lowest = torch.tensor([speedup], dtype=torch.float64)
+    torch.distributed.all_reduce(lowest, op=torch.distributed.ReduceOp.MIN)
+    return lowest.item()
 
 
 def describe_precision(choice: str, resolved: str) -> str:
     """The precision for the start line; on a CPU under `auto`, with the timing that chose it."""
     if choice != "auto" or torch.cuda.is_available() or not cpu_has_bf16():
         return resolved
-    return f"{resolved} (auto: bf16 matrix products {cpu_bf16_speedup():.2f}x fp32 on this CPU)"
+    return f"{resolved} (auto: bf16 matrix products {agreed_bf16_speedup():.2f}x fp32 on this CPU)"
 
 
 def resolve_tracker(choice: str) -> str | None:
