@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,17 +191,29 @@ def make_loader(
         pin_memory=torch.cuda.is_available(),
         # the epoch travels with each index, not the dataset (a stream's workers must start afresh instead)
         persistent_workers=persistent and num_workers > 0,
-        worker_init_fn=_ignore_stop_signals,
+        worker_init_fn=_init_worker,
     )
 
 
-def _ignore_stop_signals(worker_id: int) -> None:
+def _init_worker(worker_id: int) -> None:
     """Workers leave SIGTERM/SIGINT to the training process: a scheduler that signals the whole process
-    group must get a checkpoint and a clean exit, not a crash from a dead worker."""
+    group must get a checkpoint and a clean exit, not a crash from a dead worker. And they stay quiet
+    when the training process is gone (`_quiet_sharer_errors`)."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.excepthook = _quiet_sharer_errors
+
+
+def _quiet_sharer_errors(exc_type, exc, tb) -> None:
+    """A worker's thread that hands tensors to the training process fails with a reset connection when that
+    process has already stopped (after its own one-line error, e.g. another worker died): no news, and a
+    traceback under the error line would read as a second failure. Anything else is printed as usual."""
+    frames = traceback.extract_tb(tb)
+    if frames and Path(frames[0].filename).name == "resource_sharer.py":
+        return
+    sys.__excepthook__(exc_type, exc, tb)
 
 
 def check_batch_fits(n: int, cfg: Any, accelerator: Accelerator) -> None:
