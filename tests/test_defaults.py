@@ -83,6 +83,7 @@ def test_every_process_of_a_cpu_run_takes_the_precision_of_the_slowest(tmp_path)
         "run.cpu_bf16_speedup = lambda: 2.2 if os.environ['RANK'] == '0' else 0.5\n"
         "choice = f\"{run.resolve_precision('auto')} {run.agreed_bf16_speedup()}\"\n"
         f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(choice)\n"
+        "run.PartialState().destroy_process_group()\n"  # as every stage ends (Accelerator.end_training)
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
