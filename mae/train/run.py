@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import math
@@ -397,12 +398,43 @@ def warn(accelerator: Accelerator, message: str) -> None:
 
 
 def configure_speed(model: torch.nn.Module, device_type: str, precision: str, attention: str = "auto") -> None:
-    """Choose `model`'s attention kernel (before `prepare`); `precision` is "no", "bf16" or "fp16"."""
+    """Choose `model`'s attention kernel (before `prepare`); `precision` is "no", "bf16" or "fp16". On a
+    CPU, also keep freed host memory for the next step (`keep_freed_memory`)."""
+    if device_type == "cpu":
+        keep_freed_memory()
     if attention == "auto":
         attention = "math" if device_type == "cpu" and precision == "bf16" else "fused"
     for module in model.modules():
         if hasattr(module, "fused_attn"):  # timm's Attention
             module.fused_attn = attention == "fused"
+
+
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it accepts on 64-bit systems.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MAX_MMAP_THRESHOLD = 32 * 2**20
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Stop glibc's malloc from handing the step's freed activations back to the system, only to fault them
+    in again, page by page, on the next step. By default it maps large blocks afresh and trims the heap
+    as soon as its free top passes a few MiB: on a CPU fine-tuning step that was ~50,000 page faults a
+    second and 12% of the process's time in the kernel. Blocks up to 32 MiB now come from the heap, which
+    is trimmed only past 1 GiB free. Once per process; False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(
+        mallopt(param, value)
+        for param, value in (
+            (_M_MMAP_THRESHOLD, _MAX_MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, 2**30),
+            (_M_TOP_PAD, 64 * 2**20),
+        )
+    )
 
 
 def maybe_compile(model: torch.nn.Module, choice: bool | str, device_type: str) -> torch.nn.Module:
