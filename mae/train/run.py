@@ -420,11 +420,12 @@ def keep_freed_memory() -> bool:
     in again, page by page, on the next step. By default it maps large blocks afresh and trims the heap
     as soon as its free top passes a few MiB: on a CPU fine-tuning step that was ~50,000 page faults a
     second and 12% of the process's time in the kernel. Blocks up to 32 MiB now come from the heap, which
-    is trimmed only past 1 GiB free. Once per process; False where the C library is not glibc."""
+    is trimmed only past 1 GiB free. Once per process; False where the C library does not take
+    these settings (not glibc)."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(
