@@ -50,6 +50,15 @@ def classifier(path):
     return model.eval(), meta
 
 
+def test_eval_every_0_evaluates_once_at_the_end(tmp_path, labeled, encoder):
+    """The Fashion-MNIST fine-tune recipe's setting: no evaluation between epochs, one after the last."""
+    out = tmp_path / "probe"
+    args = ["--pretrained", encoder, "--data.path", labeled, "--output_dir", out, "--loop.epochs", 3,
+            "--loop.eval_every", 0]  # fmt: skip
+    assert run("linprobe", *args) == 0
+    assert [e["epoch"] for e in evals(out)] == [3]
+
+
 @pytest.mark.parametrize("mode", ["cached", "augmented"])
 def test_linprobe_learns_and_never_touches_the_encoder(tmp_path, labeled, encoder, mode, monkeypatch):
     calls = {"n": 0}
