@@ -214,8 +214,8 @@ CANDIDATES = {
         "batch 128, pixel targets": ["--loop.batch_size", "128", "--model.norm_pix_loss", "false"],
     },
     "decoders": {
-        "mae decoder (the recipe's)": [],
-        "cross decoder, every masked patch": ["--model.decoder", "cross"],
+        "mae decoder (the paper's)": ["--model.decoder", "mae"],
+        "cross decoder, every masked patch (the recipe's)": ["--model.decoder", "cross"],
         "cross decoder, a quarter of the masked patches": ["--model.decoder", "cross", "--model.predict_ratio", "0.25"],
     },
     "channels": {
