@@ -202,6 +202,7 @@ def fit(
                 waiting = time.perf_counter()
             state.epoch += 1
             state.batch_in_epoch = 0
+            doctor.epoch_end()
             final = state.epoch == loop.epochs
             if final or (loop.eval_every and state.epoch % loop.eval_every == 0):
                 result = task.evaluate(state.epoch, final)
@@ -325,20 +326,28 @@ class _Window:
 class _LoaderDoctor:
     """Warns once when the step waits for its batch more than `LIMIT` of the time (`data_wait` in the
     metrics). Neither the first log window (workers starting) nor the run's first `SETTLE` seconds are
-    judged: a short run or a start-up hiccup is not a loader problem."""
+    judged: a short run or a start-up hiccup is not a loader problem. Nor is the process's first epoch
+    while it is shorter than `FIRST_EPOCH` seconds: it fills the caches (images decoded once per process,
+    the page cache, downloaded shards) that later epochs read; a long first epoch is judged after that."""
 
     LIMIT = 0.2
     SETTLE = 60.0
+    FIRST_EPOCH = 300.0
 
     def __init__(self, accelerator: Accelerator, loader: Any) -> None:
         self.accelerator, self.loader = accelerator, loader
         self.windows = 0
+        self.epochs = 0  # epochs this process has finished
         self.warned = False
         self.start = time.perf_counter()
 
+    def epoch_end(self) -> None:
+        self.epochs += 1
+
     def check(self, data_wait: float) -> None:
         self.windows += 1
-        settled = self.windows >= 2 and time.perf_counter() - self.start >= self.SETTLE
+        elapsed = time.perf_counter() - self.start
+        settled = self.windows >= 2 and elapsed >= self.SETTLE and (self.epochs or elapsed >= self.FIRST_EPOCH)
         if self.warned or not settled or data_wait <= self.LIMIT:
             return
         self.warned = True

@@ -31,11 +31,21 @@ def test_the_loader_doctor_warns_once_when_the_step_waits_for_data(capsys):
     doctor = _LoaderDoctor(SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0))
     doctor.check(0.9)  # the first window holds the workers' start: not judged
     doctor.check(0.5)  # nor the first minute
-    assert "data_wait" not in capsys.readouterr().err
     doctor.start -= doctor.SETTLE
+    doctor.check(0.5)  # nor a short first epoch, which fills the caches
+    assert "data_wait" not in capsys.readouterr().err
+    doctor.epoch_end()
     doctor.check(0.1)
     assert "data_wait" not in capsys.readouterr().err
     doctor.check(0.35)
     doctor.check(0.5)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data_wait 35%" in err[0] and "--data.num_workers" in err[0] and "--max_size" in err[0]
+
+    long_first_epoch = _LoaderDoctor(
+        SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0)
+    )
+    long_first_epoch.check(0.9)
+    long_first_epoch.start -= long_first_epoch.FIRST_EPOCH  # a first epoch this long is judged before its end
+    long_first_epoch.check(0.5)
+    assert "data_wait 50%" in capsys.readouterr().err
