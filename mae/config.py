@@ -94,12 +94,16 @@ class ModelConfig:
     """Encoder blocks; null keeps the preset's."""
     num_heads: int | None = ranged(None, ge=1)
     """Encoder attention heads; null keeps the preset's."""
+    mlp_ratio: float | None = ranged(None, gt=0)
+    """Encoder MLP width / embed_dim (timm's mlp_ratio; the presets' is 4); null keeps the preset's."""
     decoder_embed_dim: int | None = ranged(None, ge=4)
     """Decoder width (a multiple of 4 and of the decoder head count); null keeps the preset's."""
     decoder_depth: int | None = ranged(None, ge=0)
     """Decoder blocks; null keeps the preset's."""
     decoder_num_heads: int | None = ranged(None, ge=1)
     """Decoder attention heads; null keeps the preset's."""
+    decoder_mlp_ratio: float | None = ranged(None, gt=0)
+    """Decoder MLP width / decoder_embed_dim; null keeps the preset's (4)."""
     mask_ratio: float = ranged(0.75, ge=0, lt=1)
     """Fraction of patches removed per sample; 75% is the paper's optimum."""
     masking: str = "random"
@@ -273,6 +277,9 @@ class ClassifierModelConfig:
     """Features: the cls token, or the average of the patch tokens."""
     drop_path: float = ranged(0.1, ge=0, lt=1)
     """Stochastic depth rate (fine-tuning)."""
+    frozen_blocks: int = ranged(0, ge=0)
+    """Fine-tuning: keep the stem (patch embedding, tokens, positions) and the first N blocks as pretrained (the
+    paper's partial fine-tuning): no backward pass through them; 0 trains every layer."""
     ema_decay: float | None = ranged(None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.9999); evaluated and exported."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from timm.models import group_parameters
 from torch import nn
 
 
@@ -42,3 +43,17 @@ class LinearProbe(nn.Module):
         with torch.no_grad():
             features = self.encoder(x)
         return self.head(features.float())
+
+
+def freeze_first_blocks(model: nn.Module, n: int) -> None:
+    """Partial fine-tuning: the stem (patch embedding, prefix tokens, positions) and the first `n` blocks of a
+    timm model stop training. Blocks as timm's `group_matcher` numbers them for layer-wise lr decay (0 the
+    stem, i the i-th block), so any timm backbone with one is cut the same way; with the input of the first
+    trained block needing no gradient, autograd skips the frozen layers' backward pass."""
+    if n == 0:
+        return
+    layers = group_parameters(model, model.group_matcher(coarse=False))
+    names = {name for layer, group in layers.items() if layer <= n for name in group}
+    for name, param in model.named_parameters():
+        if name in names:
+            param.requires_grad_(False)

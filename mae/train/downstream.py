@@ -21,7 +21,7 @@ from mae.data.labeled import eval_transform as labeled_eval_transform
 from mae.data.streaming import StreamSamples, StreamSource
 from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
 from mae.importers import CheckpointError
-from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
+from mae.models.classifier import LinearProbe, fold_probe_head, freeze_first_blocks, probe_head
 from mae.run_folder import CLASSES, CLASSIFIER, CONFIG, METRICS
 from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.metrics import MetricsWriter
@@ -322,6 +322,12 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
         drop_path_rate=cfg.model.drop_path,
     )
     torch.nn.init.trunc_normal_(model.head.weight, std=2e-5)
+    depth = len(model.blocks)
+    if cfg.model.frozen_blocks > depth:
+        raise ConfigError(
+            f"--model.frozen_blocks {cfg.model.frozen_blocks}: the encoder has {depth} blocks; choose 0 to {depth}"
+        )
+    freeze_first_blocks(model, cfg.model.frozen_blocks)
     a = cfg.aug
     train_tf = train_transform(
         size,

@@ -43,9 +43,11 @@ def model_kwargs(cfg: PretrainConfig) -> dict:
         "embed_dim",
         "depth",
         "num_heads",
+        "mlp_ratio",
         "decoder_embed_dim",
         "decoder_depth",
         "decoder_num_heads",
+        "decoder_mlp_ratio",
     ):
         if getattr(m, name) is not None:
             kwargs[name] = getattr(m, name)
@@ -69,6 +71,12 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
             raise ConfigError(
                 f"--model.{width} {arch[width]} / --model.{heads} {arch[heads]}: the width must be a multiple of 4 "
                 "and of the head count"
+            )
+    for width, ratio in (("embed_dim", "mlp_ratio"), ("decoder_embed_dim", "decoder_mlp_ratio")):
+        if int(arch[width] * arch.get(ratio, 4.0)) < 1:
+            raise ConfigError(
+                f"--model.{ratio} {arch[ratio]}: leaves no MLP unit at width {arch[width]}; "
+                f"use at least {1 / arch[width]:.3g}"
             )
     if cfg.model.decoder not in DECODERS:
         raise ConfigError(f"--model.decoder {cfg.model.decoder}: choose one of {', '.join(sorted(DECODERS))}")

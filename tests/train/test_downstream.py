@@ -107,6 +107,24 @@ def test_finetune_trains_everything_with_layer_decay(tmp_path, labeled, encoder)
     assert evals(out)[-1]["top1"] > 50.0
 
 
+@pytest.mark.parametrize("frozen", [1, 3])
+def test_partial_finetune_keeps_the_stem_and_first_blocks(tmp_path, labeled, encoder, capsys, frozen):
+    """--model.frozen_blocks N: the stem and blocks 0..N-1 leave as they came, every later layer and the head train;
+    past the encoder's depth it is a one-line error."""
+    out = tmp_path / "ft"
+    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 1, "--optim.warmup_epochs", 0.2]
+    assert run("finetune", *args, "--model.frozen_blocks", frozen, "--output_dir", out) == 0
+    before, after = load_file(encoder), load_file(out / "classifier.safetensors")
+    kept = {k for k in before if k in after and torch.equal(before[k], after[k])}
+    frozen_keys = {k for k in before if k.startswith(("patch_embed.", "cls_token"))}
+    frozen_keys |= {k for k in before if k.startswith("blocks.") and int(k.split(".")[1]) < frozen}
+    assert kept - {"pos_embed"} == frozen_keys  # pos_embed: the fixed sine-cosine table, never trained
+    assert evals(out)[-1]["top1"] > 0
+    assert run("finetune", *args, "--model.frozen_blocks", 4, "--output_dir", tmp_path / "bad") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--model.frozen_blocks 4: the encoder has 3 blocks; choose 0 to 3"), err[-1]
+
+
 def test_knn_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     bank, bank_labels = torch.randn(200, 16, generator=g), torch.randint(0, 7, (200,), generator=g)

@@ -412,6 +412,31 @@ def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
                      "--output_dir", str(tmp_path / stage)]) == 0  # fmt: skip
 
 
+def test_mlp_ratios_reach_the_model_the_export_and_the_downstream_stages(tmp_path):
+    """--model.mlp_ratio / --model.decoder_mlp_ratio size the MLPs; timm rebuilds the export from its model_args,
+    a run folder reloads with the same shapes, and fine-tuning takes it."""
+    make_images(tmp_path / "imgs", n=16)
+    out = tmp_path / "run"
+    args = ["--model.mlp_ratio", 2, "--model.decoder_mlp_ratio", 1.5, "--model.decoder_embed_dim", 64,
+            "--model.decoder_depth", 1, "--model.decoder_num_heads", 2, "--loop.batch_size", 8]  # fmt: skip
+    assert run(*args, "--data.path", tmp_path / "imgs", "--loop.epochs", 1, "--output_dir", out) == 0
+    model = mae.load_pretrained(out)
+    assert model.encoder.blocks[0].mlp.fc1.out_features == 2 * model.encoder.embed_dim
+    assert model.decoder.blocks[0].mlp.fc1.out_features == 96
+    path = out / "encoder.safetensors"
+    meta = safe_open(str(path), "pt").metadata()
+    model_args = json.loads(meta["model_args"])
+    assert model_args["mlp_ratio"] == 2
+    vit = timm.create_model(meta["architecture"], num_classes=0, **model_args)
+    vit.load_state_dict(load_file(path), strict=True)
+    labeled = make_labeled(tmp_path / "labeled", per_class=8)
+    AcceleratorState._reset_state(True)
+    assert main(["finetune", "--pretrained", str(out), "--data.path", str(labeled), "--loop.epochs", "1",
+                 "--loop.batch_size", "8", "--data.num_workers", "0", "--loop.progress", "false",
+                 "--output_dir", str(tmp_path / "ft")]) == 0  # fmt: skip
+    assert run("--model.mlp_ratio", 0.001, "--output_dir", tmp_path / "bad") == 2
+
+
 SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
 
 
