@@ -431,4 +431,7 @@ def run_knn(cfg: KnnConfig) -> dict[str, float]:
         + (f", top5 {result['top5']:.2f}%" if "top5" in result else "")
         + f" on {len(labels)} images"
     )
+    # As the other stages end: the process group goes down here, not in the interpreter's exit, where a
+    # 2-process run once aborted ("terminate called without an active exception").
+    accelerator.end_training()
     return result
