@@ -180,9 +180,11 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
             ):
                 continue  # later seeds repeat the headline numbers (MAE probe and k-NN) unless asked
             key = f"{stage}_{name}"
+            # From scratch every layer trains: random weights kept frozen would only handicap the baseline.
+            scratch = ["--model.frozen_blocks", "0"] if (stage, name) == ("finetune", "random") else []
             t[key] = mae_stage(
                 stage, out / f"{key}.log", "--pretrained", str(pretrained), *probe_data,
-                "--output_dir", str(out / key), *common,
+                "--output_dir", str(out / key), *common, *scratch,
             )  # fmt: skip
             r[key] = round(last_eval(out / key)["top1"], 2)
     r["logreg_pixels"], t["logreg_pixels"] = logistic_regression(data, seed)
