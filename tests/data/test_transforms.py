@@ -129,3 +129,56 @@ def test_a_set_too_large_for_the_budget_is_decoded_every_time(image_folder):
         for i in range(len(ds)):
             ds[(epoch, i)]
     assert ds.load.images is None and ds.source.decodes == 2 * len(ds)
+
+
+def test_sample_seed_is_numpys_seed_sequence():
+    """The plain-Python hash gives what `np.random.SeedSequence` gives, words past 32 bits included."""
+    import random
+
+    import numpy as np
+
+    from mae.data.transforms import sample_seed
+
+    rng = random.Random(0)
+    values = [0, 1, 2**32 - 1, 2**32, 2**64 + 5]
+    for _ in range(300):
+        key = [rng.choice(values + [rng.randrange(2**31), rng.randrange(2**80)]) for _ in range(3)]
+        expected = int(np.random.SeedSequence(key).generate_state(2, np.uint64)[0] >> 1)
+        assert sample_seed(*key) == expected, key
+
+
+def test_samples_are_torchvisions_crop_flip_and_mask(tmp_path):
+    """Each sample is what torchvision's RandomResizedCrop.get_params, resized_crop and a flip give under the
+    sample's seed (the private generator draws what the global one drew), for PIL and float images."""
+    from torchvision.transforms import InterpolationMode, RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+
+    from mae.data.transforms import crop_params, load_image, sample_seed
+
+    make_images(tmp_path / "rgb", n=4, size=30)
+    make_images(tmp_path / "gray", n=4, size=30)
+    for f in (tmp_path / "gray").rglob("*.*"):
+        Image.open(f).convert("L").save(f)
+    for folder, in_chans, scale in (("rgb", 3, (0.2, 1.0)), ("gray", 1, (0.4, 1.0)), ("gray", 1, (1.0, 1.0))):
+        src = FolderSource(tmp_path / folder)
+        ds = PretrainSamples(src, img_size=(16, 16), patch_size=4, seed=7, crop_scale=scale, in_chans=in_chans)
+        for epoch, index in [(e, i) for e in range(3) for i in range(4)]:
+            img, _ = load_image(src, index, in_chans)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(sample_seed(7, epoch, index))
+                box = RandomResizedCrop.get_params(img, scale=list(scale), ratio=[3 / 4, 4 / 3])
+                flip = torch.rand(()) < 0.5
+                noise = torch.rand(16)
+            x = F.resized_crop(img, *box, [16, 16], interpolation=InterpolationMode.BICUBIC, antialias=True)
+            x = F.horizontal_flip(x) if flip else x
+            x = x if in_chans == 1 else F.pil_to_tensor(x)
+            sample = ds[(epoch, index)]
+            assert torch.equal(sample["image"], x) and torch.equal(sample["noise"], noise)
+    # the fallback (no draw fits in 10 tries): the central crop torchvision takes
+    for size in ((100, 10), (10, 100), (40, 40)):
+        for seed in range(20):
+            g = torch.Generator().manual_seed(seed)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                expected = RandomResizedCrop.get_params(torch.zeros(1, *size), scale=[0.9, 1.0], ratio=[3 / 4, 4 / 3])
+            assert crop_params(size, (0.9, 1.0), (3 / 4, 4 / 3), g) == expected
