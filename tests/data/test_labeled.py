@@ -71,3 +71,34 @@ def test_folders_that_are_not_class_folders_are_refused(tmp_path):
         (deep / name / "more").mkdir()
         Image.new("RGB", (8, 8)).save(deep / name / "more" / "x.png")
     assert len(LabeledFolder(deep)) == 9
+
+
+def test_a_seeded_sample_leaves_the_global_generators_going_on_from_where_they_were(tmp_path):
+    """A fine-tuning sample (RandAugment, random erasing: torch, `random` and NumPy draws) depends on
+    (seed, epoch, index) only; afterwards torch's generator is as it was and `random`/NumPy continue as
+    a function of their earlier state, not of the sample's seed."""
+    import random
+
+    from mae.data.labeled import LabeledFolder, LabeledSamples
+    from tests.conftest import make_labeled
+
+    make_labeled(tmp_path, per_class=2, size=40)
+    a = AugmentConfig()
+    tf = train_transform((32, 32), scale=a.crop_scale, mean=(0.5,) * 3, std=(0.5,) * 3, auto_augment=a.auto_augment,
+                         re_prob=1.0)  # fmt: skip
+    ds = LabeledSamples(LabeledFolder(tmp_path), tf, seed=3)
+
+    def after(key, global_seed):
+        torch.manual_seed(global_seed)
+        random.seed(global_seed)
+        np.random.seed(global_seed)
+        x = ds[key]["image"]
+        return x, (torch.rand(4), random.random(), np.random.rand())
+
+    x1, g1 = after((0, 1), 5)
+    x2, g2 = after((0, 1), 6)  # another global state: the same sample
+    x3, g3 = after((1, 2), 5)  # another sample: the same global continuation
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert torch.equal(g1[0], g3[0]) and g1[1:] == g3[1:] and g1[1:] != g2[1:]
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(4), g1[0])  # torch's generator restored exactly
