@@ -102,34 +102,61 @@ def image_array(a: np.ndarray, name: str) -> np.ndarray:
 
 
 def read_array(path: str, fp: BinaryIO | None = None) -> np.ndarray:
-    """A file as [H, W, C] float32: `.npy` arrays (H x W x C), TIFFs of any band count (tifffile; planar
-    C x H x W is transposed), everything else through PIL (`pil_array`). With `fp`, the bytes are read
+    """A file as [H, W, C] float32: `.npy` arrays (H x W x C), TIFFs of bands (`tiff_bands`), everything else
+    (TIFF pictures included) through PIL (`pil_array`). With `fp`, the bytes are read
     from it (a member of a shard) and `path` only gives the format (its suffix) and the name in errors."""
     suffix = os.path.splitext(path)[1].lower()
+    a = None
     if suffix == ".npy":
         a = np.load(fp or path, allow_pickle=False)
     elif suffix in (".tif", ".tiff"):
-        import tifffile
-
-        with tifffile.TiffFile(fp or path) as tif:
-            page = tif.pages[0]
-            a = tif.asarray()  # the first series: every page of a band-per-page file
-            rgb_alpha = page.photometric == tifffile.PHOTOMETRIC.RGB and len(page.extrasamples) > 0
-        if a.ndim == 3 and a.shape[0] < min(a.shape[1:]) and a.shape[-1] > 32:  # bands first
-            a = np.moveaxis(a, 0, -1)
-        if rgb_alpha:  # an RGB image with an alpha channel: colour, not 4 bands of data
-            a = a[..., :3]
-    else:
+        a = tiff_bands(fp or path)
+    if a is None:  # not an array file, or a TIFF that is a picture rather than bands
         with Image.open(fp or path) as img:
             a = pil_array(img)
     return image_array(a, path)
 
 
+def tiff_bands(src: str | BinaryIO) -> np.ndarray | None:
+    """A TIFF's bands as stored (tifffile: any band count and depth, planar C x H x W transposed, alpha
+    dropped), or None where the file is a picture PIL reads as a viewer shows it: colour
+    encodings (palette, CMYK, YCbCr, Lab, inverted grayscale) and compressions tifffile decodes only with
+    `imagecodecs` (LZW, JPEG, CCITT fax: the common ones for photos and scans)."""
+    import tifffile
+
+    if not isinstance(src, str):
+        start = src.tell()
+    try:
+        with tifffile.TiffFile(src) as tif:
+            page = tif.pages[0]
+            if page.photometric not in (tifffile.PHOTOMETRIC.MINISBLACK, tifffile.PHOTOMETRIC.RGB):
+                return None
+            colour = 3 if page.photometric == tifffile.PHOTOMETRIC.RGB else 1
+            # an RGB image's extra samples, and a grayscale one's alpha, are transparency, not bands of data
+            alpha = colour == 3 and len(page.extrasamples) > 0 or any(e in (1, 2) for e in page.extrasamples)
+            try:
+                a = tif.asarray()  # the first series: every page of a band-per-page file
+            except ValueError:  # a codec that needs imagecodecs (tifffile names it); PIL has its own
+                return None
+    finally:
+        if not isinstance(src, str):
+            src.seek(start)
+    if a.ndim == 3 and a.shape[0] < min(a.shape[1:]) and a.shape[-1] > 32:  # bands first
+        a = np.moveaxis(a, 0, -1)
+    if alpha:
+        a = a[..., :colour]
+    return a
+
+
 def read_rgb(path: str, fp: BinaryIO | None = None, decode_side: int | None = None) -> Image.Image:
-    """A file as a PIL RGB image (`to_rgb`); arrays (.npy, .tif) must hold 1 or 3 channels. JPEGs larger
+    """A file as a PIL RGB image (`to_rgb`); arrays (.npy, TIFF bands) must hold 1 or 3 channels. JPEGs larger
     than `decode_side` decode at a reduced scale (see `FolderSource.set_decode_size`). `fp` as for `read_array`."""
-    if path.lower().endswith((".npy", ".tif", ".tiff")):  # arrays of any band count: RGB must be 3 (or 1)
-        a = read_array(path, fp)
+    lower = path.lower()
+    bands = np.load(fp or path, allow_pickle=False) if lower.endswith(".npy") else None
+    if lower.endswith((".tif", ".tiff")):
+        bands = tiff_bands(fp or path)
+    if bands is not None:  # arrays of any band count: RGB must be 3 (or 1)
+        a = image_array(bands, path)
         rgb = a.repeat(3, axis=2) if a.shape[2] == 1 else a
         check_channels(rgb, 3, path)
         return Image.fromarray(np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mae.data.sources import DataError, DemoSource, FolderSource, HFSource, open_source, to_rgb
+from mae.data.sources import DataError, DemoSource, FolderSource, HFSource, open_source, read_array, read_rgb, to_rgb
 
 
 def _exif_rotated_jpeg(path):
@@ -29,6 +29,37 @@ def test_to_rgb_converts_every_mode(tmp_path):
     _exif_rotated_jpeg(tmp_path / "r.jpg")
     with Image.open(tmp_path / "r.jpg") as img:
         assert to_rgb(img).size == (20, 40)
+
+
+@pytest.mark.parametrize(
+    "mode,compression",
+    [
+        ("RGB", "tiff_lzw"),
+        ("RGB", "jpeg"),
+        ("RGB", "packbits"),
+        ("CMYK", None),
+        ("P", None),
+        ("YCbCr", None),
+        ("LA", None),
+        ("RGBA", None),
+        ("1", "group4"),
+        ("L", None),
+    ],
+)
+def test_a_tiff_picture_reads_as_pil_shows_it(tmp_path, mode, compression):
+    """TIFF photos and scans (compressed as cameras and scanners write them, in any colour encoding) read in
+    an RGB run as PIL decodes them, from a folder and from a shard's bytes; in any-channel runs too."""
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)).convert(mode)
+    path = tmp_path / "a.tif"
+    img.save(path, **({"compression": compression} if compression else {}))
+    with Image.open(path) as shown:
+        expected = np.asarray(to_rgb(shown))
+        bands = np.asarray(shown.convert("L" if mode in ("1", "L", "LA") else "RGB"))
+    assert np.array_equal(np.asarray(FolderSource(tmp_path).load(0)), expected)
+    assert np.array_equal(np.asarray(read_rgb(str(path), io.BytesIO(path.read_bytes()))), expected)
+    array = read_array(str(path), io.BytesIO(path.read_bytes()))
+    assert np.array_equal(np.round(array * 255).astype(np.uint8), bands.reshape(array.shape))
 
 
 def test_folder_is_recursive_mixed_and_sorted(tmp_path):
