@@ -140,11 +140,13 @@ class DataConfig:
     """Random horizontal flip."""
     mean: Union[tuple[float, ...], Literal["auto"]] = IMAGENET_MEAN  # noqa: UP007 (jsonargparse reads the Union)
     """Per-channel normalisation mean (pixels in [0, 1]), one per channel; auto: measured on a seeded sample of the
-    data at start (`mae stats`), then recorded in config.yaml and the export."""
+    data at start (`mae stats`), then recorded in config.yaml and the export. The default, ImageNet's, serves 3
+    channels; with any other --model.in_chans it is measured as auto."""
     std: Union[tuple[float, ...], Literal["auto"]] = ruled(  # noqa: UP007
         IMAGENET_STD, lambda v: v == "auto" or all(x > 0 for x in v), "> 0 for every channel, or auto"
     )
-    """Per-channel normalisation std (pixels in [0, 1]), one per channel; auto: measured like --data.mean."""
+    """Per-channel normalisation std (pixels in [0, 1]), one per channel; auto (and the default beside another
+    channel count than 3): measured like --data.mean."""
     preview_bands: tuple[int, int, int] | None = ranged(None, ge=0)
     """Which three channels the previews show as red, green, blue (more than 3 channels); null = the first three."""
     num_workers: int = ranged(2, ge=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mae.config import ConfigError, PretrainConfig, to_dict
+from mae.config import IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
@@ -98,9 +98,13 @@ def check_masking(name: str, grid: tuple[int, int], mask_ratio: float, option: s
 
 
 def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
-    """`cfg` with --data.mean / --data.std `auto` measured on the data (seeded: a resumed run measures the
-    same numbers), and one value per channel checked."""
+    """`cfg` with --data.mean / --data.std `auto` (or left at ImageNet's beside another channel count than 3)
+    measured on the data (seeded: a resumed run measures the same numbers), and one value per channel checked."""
     d, channels = cfg.data, cfg.model.in_chans
+    if channels != 3:  # the defaults, ImageNet's RGB statistics, fit three channels only: measure the data's
+        d = replace(
+            d, mean="auto" if d.mean == IMAGENET_MEAN else d.mean, std="auto" if d.std == IMAGENET_STD else d.std
+        )
     if "auto" in (d.mean, d.std):
         mean, std = channel_stats(source, channels, seed=cfg.seed)
         print(f"mae pretrain: channel statistics of the data: mean {mean}, std {std}", file=sys.stderr)

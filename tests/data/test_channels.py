@@ -81,9 +81,11 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
     data = write_folder(tmp_path / "imgs", channels, kind=kind)
     out = tmp_path / "run"
     args = ["pretrain", "--model.name", "mae_vit_micro_patch8", "--model.img_size", f"[{H}, {W}]",
-            "--model.in_chans", str(channels), "--data.mean", "auto", "--data.std", "auto", "--data.path", str(data),
+            "--model.in_chans", str(channels), "--data.path", str(data),
             "--loop.batch_size", "4", "--data.num_workers", "0", "--loop.progress", "false",
             "--loop.mixed_precision", "no", "--optim.warmup_epochs", "0.5", "--output_dir", str(out)]  # fmt: skip
+    if channels > 3:  # asked for; with one channel the default (ImageNet's, for RGB) is measured the same way
+        args += ["--data.mean", "auto", "--data.std", "auto"]
     labeled = tmp_path / "labeled"
     if channels > 3:  # bands to show, and a labeled set in the same format for the k-NN monitor and downstream
         rng = np.random.default_rng(1)
@@ -137,6 +139,17 @@ def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):
     assert gray.encoder.patch_embed.proj.weight.shape[1] == 1
     rgb = load_file(path)["patch_embed.proj.weight"]
     torch.testing.assert_close(gray.encoder.patch_embed.proj.weight[:, 0], rgb.sum(1))
+
+
+def test_statistics_given_for_another_channel_count_are_a_one_line_error(tmp_path, capsys):
+    data = write_folder(tmp_path / "imgs", 1, n=4, kind="png")
+    AcceleratorState._reset_state(True)
+    code = main(["pretrain", "--model.name", "mae_vit_micro_patch8", "--model.img_size", "32",
+                 "--model.in_chans", "1", "--data.path", str(data), "--data.mean", "[0.5, 0.5]",
+                 "--output_dir", str(tmp_path / "o")])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("mae pretrain")]
+    assert code == 2 and err[-1].endswith("--data.mean [0.5, 0.5]: 2 values for --model.in_chans 1; give one per "
+                                          "channel, or auto to measure them"), err  # fmt: skip
 
 
 def test_stats_reads_rgb_by_default(tmp_path, capsys):
