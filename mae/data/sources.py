@@ -54,10 +54,12 @@ class ChannelError(DataError):
 
 def check_channels(array: np.ndarray, in_chans: int, name: str) -> None:
     if array.shape[2] != in_chans:
-        raise ChannelError(
-            f"{name}: {array.shape[2]} channel(s), but --model.in_chans is {in_chans}; give every image that many "
-            "channels, or set --model.in_chans to match"
-        )
+        hint = "give every image that many channels, or set --model.in_chans to match"
+        if array.shape[0] == in_chans and name.lower().endswith(".npy"):  # bands first, as torch lays them out
+            hint = (
+                f"its shape {tuple(array.shape)} looks like C x H x W; save arrays as H x W x C (np.moveaxis(a, 0, -1))"
+            )
+        raise ChannelError(f"{name}: {array.shape[2]} channel(s), but --model.in_chans is {in_chans}; {hint}")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -1,6 +1,7 @@
 """Any image: grayscale, 16-bit and multispectral files, read at their precision and channel count."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -139,6 +140,13 @@ def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):
     assert gray.encoder.patch_embed.proj.weight.shape[1] == 1
     rgb = load_file(path)["patch_embed.proj.weight"]
     torch.testing.assert_close(gray.encoder.patch_embed.proj.weight[:, 0], rgb.sum(1))
+
+
+def test_a_bands_first_array_is_named_as_such(tmp_path):
+    np.save(tmp_path / "chw.npy", np.zeros((5, 40, 48), dtype=np.float32))
+    expected = "chw.npy: 48 channel(s), but --model.in_chans is 5; its shape (5, 40, 48) looks like C x H x W; save "
+    with pytest.raises(ChannelError, match=re.escape(expected + "arrays as H x W x C (np.moveaxis(a, 0, -1))")):
+        PretrainSamples(FolderSource(tmp_path), img_size=(32, 32), patch_size=8, seed=0, in_chans=5)[(0, 0)]
 
 
 def test_statistics_given_for_another_channel_count_are_a_one_line_error(tmp_path, capsys):
