@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".npy"}
+    ".jpg .jpeg .jpe .jfif .png .webp .avif .bmp .tif .tiff .gif .ppm .pgm .pbm .pnm .npy".split()
 )
 # scikit-image's bundled photos (CC0 / public domain), loaded without any download.
 DEMO_IMAGES = (

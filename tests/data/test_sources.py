@@ -2,7 +2,7 @@ import io
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, features
 
 from mae.data.sources import DataError, DemoSource, FolderSource, HFSource, open_source, read_array, read_rgb, to_rgb
 
@@ -65,12 +65,13 @@ def test_a_tiff_picture_reads_as_pil_shows_it(tmp_path, mode, compression):
 def test_folder_is_recursive_mixed_and_sorted(tmp_path):
     root = tmp_path / "data"
     (root / "x" / "y" / "z").mkdir(parents=True)
-    for i, ext in enumerate(["jpg", "png", "webp", "bmp", "tiff", "JPEG"]):
-        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(root / ("x/y/z" if i % 2 else "x") / f"{i}.{ext}")
+    exts = ["jpg", "png", "webp", "bmp", "tiff", "JPEG", "jfif", "pnm"] + (["avif"] if features.check("avif") else [])
+    for i, ext in enumerate(exts):
+        Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(root / ("x/y/z" if i % 2 else "x") / f"{i}.{ext}")
     (root / "notes.txt").write_text("not an image")
     (root / ".hidden.jpg").write_bytes(b"")
     src = open_source(str(root))
-    assert isinstance(src, FolderSource) and len(src) == 6
+    assert isinstance(src, FolderSource) and len(src) == len(exts)
     assert list(src.paths) == sorted(src.paths)
     assert all(src.load(i).mode == "RGB" for i in range(len(src)))
 
