@@ -328,6 +328,12 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
             f"--model.frozen_blocks {cfg.model.frozen_blocks}: the encoder has {depth} blocks; choose 0 to {depth}"
         )
     freeze_first_blocks(model, cfg.model.frozen_blocks)
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if cfg.model.frozen_blocks and fsdp is not None and fsdp.fsdp_version == 1 and not fsdp.use_orig_params:
+        raise ConfigError(  # FSDP1 flattens each unit's parameters into one, which must all train or all not
+            f"--model.frozen_blocks {cfg.model.frozen_blocks} under FSDP version 1 needs fsdp_use_orig_params: true "
+            "in the Accelerate config (or fsdp_version: 2); or set --model.frozen_blocks 0"
+        )
     a = cfg.aug
     train_tf = train_transform(
         size,

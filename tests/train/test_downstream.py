@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import timm
@@ -123,6 +124,23 @@ def test_partial_finetune_keeps_the_stem_and_first_blocks(tmp_path, labeled, enc
     assert run("finetune", *args, "--model.frozen_blocks", 4, "--output_dir", tmp_path / "bad") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("--model.frozen_blocks 4: the encoder has 3 blocks; choose 0 to 3"), err[-1]
+
+
+def test_partial_finetune_under_fsdp1_needs_the_original_parameters(tmp_path, labeled, encoder, capsys, monkeypatch):
+    """FSDP version 1 flattens each unit's parameters into one that must all train or all not: without
+    use_orig_params, frozen blocks end the run with one line before any wrapping (FSDP runs on GPUs only,
+    so its plugin is stood in for here)."""
+    plugin = SimpleNamespace(fsdp_version=1, use_orig_params=False)
+    monkeypatch.setattr(AcceleratorState, "fsdp_plugin", plugin, raising=False)
+    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 1, "--output_dir", tmp_path / "ft"]
+    assert run("finetune", *args, "--model.frozen_blocks", 2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "--model.frozen_blocks 2 under FSDP version 1 needs fsdp_use_orig_params: true in the Accelerate config (or "
+        "fsdp_version: 2); or set --model.frozen_blocks 0"
+    ), err[-1]
+    plugin.use_orig_params = True  # then the run goes on (here without FSDP: a CPU has none)
+    assert run("finetune", *args, "--model.frozen_blocks", 2) == 0
 
 
 def test_knn_matches_brute_force():
