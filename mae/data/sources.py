@@ -107,16 +107,20 @@ def read_array(path: str, fp: BinaryIO | None = None) -> np.ndarray:
     """A file as [H, W, C] float32: `.npy` arrays (H x W x C), TIFFs of bands (`tiff_bands`), everything else
     (TIFF pictures included) through PIL (`pil_array`). With `fp`, the bytes are read
     from it (a member of a shard) and `path` only gives the format (its suffix) and the name in errors."""
-    suffix = os.path.splitext(path)[1].lower()
-    a = None
-    if suffix == ".npy":
-        a = np.load(fp or path, allow_pickle=False)
-    elif suffix in (".tif", ".tiff"):
-        a = tiff_bands(fp or path)
-    if a is None:  # not an array file, or a TIFF that is a picture rather than bands
+    a = stored_bands(path, fp)
+    if a is None:
         with Image.open(fp or path) as img:
             a = pil_array(img)
     return image_array(a, path)
+
+
+def stored_bands(path: str, fp: BinaryIO | None = None) -> np.ndarray | None:
+    """The array a `.npy` file or a TIFF of bands (`tiff_bands`) holds, as stored; None for pictures (other
+    formats, TIFF pictures), which PIL decodes."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".npy":
+        return np.load(fp or path, allow_pickle=False)
+    return tiff_bands(fp or path) if suffix in (".tif", ".tiff") else None
 
 
 def tiff_bands(src: str | BinaryIO) -> np.ndarray | None:
@@ -153,10 +157,7 @@ def tiff_bands(src: str | BinaryIO) -> np.ndarray | None:
 def read_rgb(path: str, fp: BinaryIO | None = None, decode_side: int | None = None) -> Image.Image:
     """A file as a PIL RGB image (`to_rgb`); arrays (.npy, TIFF bands) must hold 1 or 3 channels. JPEGs larger
     than `decode_side` decode at a reduced scale (see `FolderSource.set_decode_size`). `fp` as for `read_array`."""
-    lower = path.lower()
-    bands = np.load(fp or path, allow_pickle=False) if lower.endswith(".npy") else None
-    if lower.endswith((".tif", ".tiff")):
-        bands = tiff_bands(fp or path)
+    bands = stored_bands(path, fp)
     if bands is not None:  # arrays of any band count: RGB must be 3 (or 1)
         a = image_array(bands, path)
         rgb = a.repeat(3, axis=2) if a.shape[2] == 1 else a
