@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 
+from mae.data.sources import DataError
 from mae.train.metrics import report_bad_files
 
 
@@ -51,7 +52,16 @@ def predict(
         report_bad_files(accelerator, bad, [] if bad_seen is None else bad_seen)
     if not per_batch and accelerator is not None and accelerator.num_processes > 1:
         return _gather_parts(accelerator, outputs, labels)
+    if not outputs:
+        raise _unreadable()
     return torch.cat(outputs), torch.cat(labels)
+
+
+def _unreadable() -> DataError:
+    return DataError(
+        "no image could be read: every file was skipped as unreadable (each is warned above); check --data.path "
+        "and --data.val_path (and --data.image_column)"
+    )
 
 
 def _gather_parts(accelerator: Accelerator, outputs: list, labels: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +70,8 @@ def _gather_parts(accelerator: Accelerator, outputs: list, labels: list) -> tupl
 
     parts = gather_object([(torch.cat(outputs) if outputs else None, torch.cat(labels) if labels else None)])
     parts = [p for p in parts if p[0] is not None]
+    if not parts:
+        raise _unreadable()
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 

@@ -147,15 +147,18 @@ def fit(
             batches.set_epoch(state.epoch)
             sampler.set_epoch(state.epoch)
             waiting = time.perf_counter()
+            batches_read, images_read = 0, 0  # in this pass over the epoch, on this process
             for batch in batches:
                 window.wait += time.perf_counter() - waiting
                 state.batch_in_epoch += 1
+                batches_read += 1
                 window.bad.extend(batch.get("bad", []))
                 with accelerator.accumulate(task.model):
                     if batch.get("image", 0) is not None:
                         loss = task.forward(batch)["loss"]
                         accelerator.backward(loss)  # a non-finite loss makes non-finite gradients: skipped below
                         window.add(loss, len(batch["image"]))
+                        images_read += len(batch["image"])
                     if accelerator.sync_gradients:
                         lr = lr_at(
                             state.step,
@@ -200,6 +203,13 @@ def fit(
                             bar.close()
                             raise SystemExit(0)
                 waiting = time.perf_counter()
+            if batches_read and _total(accelerator, images_read) == 0:  # skipping files must not train on nothing
+                report_bad_files(accelerator, window.bad, state.bad_files)
+                raise TrainingError(
+                    f"no image of epoch {state.epoch + 1} could be read: every file was skipped as unreadable "
+                    f"({len(state.bad_files)} warned above, e.g. {state.bad_files[0] if state.bad_files else '?'}); "
+                    "check --data.path (and --data.image_column)"
+                )
             state.epoch += 1
             state.batch_in_epoch = 0
             doctor.epoch_end()

@@ -137,6 +137,31 @@ def test_knn_survives_a_corrupt_corpus(tmp_path, deny_locked):
     assert sorted(Path(m.split(": ")[0].split()[-1]).name for m in messages) == sorted(bad)
 
 
+@pytest.mark.parametrize("stage", ["pretrain", "finetune", "linprobe", "knn"])
+def test_a_corpus_with_no_readable_image_ends_the_run(tmp_path, stage, capsys):
+    """Skipping unreadable files must not train (or score) on nothing: when none can be read, the run ends
+    with one line, exit 1 in the training loop, exit 2 where features are extracted (probe, k-NN)."""
+    for name in ("a", "b"):
+        (tmp_path / "lab" / name).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "lab" / name / f"{i}.png").write_bytes(b"not a png")
+    args = ["--data.path", str(tmp_path / "lab"), "--loop.mixed_precision", "no", "--data.num_workers", "0",
+            "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    if stage == "pretrain":
+        args += FAST + ["--loop.batch_size", "2"]
+    else:
+        enc = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+        args += ["--pretrained", str(enc)]
+        args += [] if stage == "knn" else ["--loop.batch_size", "2", "--loop.progress", "false"]
+    AcceleratorState._reset_state(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one per file, checked by the tests above
+        code = main([stage, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == (1 if stage in ("pretrain", "finetune") else 2), err
+    assert "no image" in err[-1] and "could be read: every file was skipped as unreadable" in err[-1], err[-1]
+
+
 # --- kills, signals ------------------------------------------------------------------------------
 
 DRIVER = """
