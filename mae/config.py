@@ -130,7 +130,8 @@ class DataConfig:
     index.json from `mae shard`, a brace pattern such as /data/train-{000000..000127}.tar, or URLs); null = demo
     images."""
     image_column: str | None = None
-    """Image column of a `datasets` source; null picks the first Image feature."""
+    """Image column of a `datasets` source (images, arrays, or image file paths as text); null picks the first Image
+    feature."""
     streaming: bool = False
     """Stream hf:NAME[:split] (a `datasets` IterableDataset, split over processes and workers) instead of
     downloading it whole; resumes from each worker's position (README: what streaming guarantees)."""
@@ -253,7 +254,8 @@ class LabeledDataConfig:
     val_fraction: float = ranged(0.1, gt=0, lt=1)
     """Fraction of --data.path held out for validation when there is no --data.val_path (seeded)."""
     image_column: str | None = None
-    """Image column of a `datasets` source; null picks the first Image feature."""
+    """Image column of a `datasets` source (images, arrays, or image file paths as text); null picks the first Image
+    feature."""
     label_column: str | None = None
     """Label column of a `datasets` source; null picks the first ClassLabel, or 'label'."""
     streaming: bool = False
@@ -447,7 +449,8 @@ class StatsDataConfig:
     """An image folder, a `save_to_disk` folder, hf:NAME[:split] or tar shards (as mae pretrain reads them); null =
     demo images."""
     image_column: str | None = None
-    """Image column of a `datasets` source; null picks the first Image feature."""
+    """Image column of a `datasets` source (images, arrays, or image file paths as text); null picks the first Image
+    feature."""
 
 
 @dataclass(frozen=True)
@@ -515,7 +518,8 @@ class ShardConfig:
     labeled: bool | None = None
     """Write each sample's class (KEY.cls); null = when the source is labeled (class subfolders, a label column)."""
     image_column: str | None = None
-    """Image column of a `datasets` source; null picks the first Image feature."""
+    """Image column of a `datasets` source (images, arrays, or image file paths as text); null picks the first Image
+    feature."""
     label_column: str | None = None
     """Label column of a `datasets` source; null picks the first ClassLabel (or `label`)."""
     shuffle: bool = True

@@ -226,8 +226,15 @@ class FolderSource:
         return read_rgb(str(self.paths[i]), decode_side=self.decode_side)
 
 
+def holds_paths(feature) -> bool:
+    """Whether a `datasets` column is text, read as image file paths (cast to datasets' `Image` feature)."""
+    from datasets import Value
+
+    return isinstance(feature, Value) and feature.dtype in ("string", "large_string")
+
+
 class HFSource:
-    """A `datasets.Dataset`, read through its image column."""
+    """A `datasets.Dataset`, read through its image column (images, arrays, or file paths)."""
 
     def __init__(self, dataset, image_column: str | None, label: str) -> None:
         from datasets import Image as ImageFeature
@@ -244,6 +251,8 @@ class HFSource:
             raise DataError(f"--data.image_column {image_column}: not in {label} (columns: {list(dataset.features)})")
         self.column = image_column
         self.dataset = dataset.select_columns([image_column])
+        if holds_paths(dataset.features[image_column]):
+            self.dataset = self.dataset.cast_column(image_column, ImageFeature())
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -141,6 +141,25 @@ def test_hf_source_reads_undecoded_bytes():
     assert HFSource(ds, None, "t").load(0).getpixel((0, 0)) == (1, 2, 3)
 
 
+def test_hf_source_reads_a_column_of_file_paths(tmp_path):
+    """--data.image_column naming a text column: its values are image files, as datasets' Image feature reads
+    paths; with no column named, a table without an image column stays an error."""
+    import datasets
+
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"{i}.png"))
+        Image.new("L" if i == 1 else "RGB", (6, 4), (40 * i,) * (1 if i == 1 else 3)).save(paths[-1])
+    ds = datasets.Dataset.from_dict({"file": paths, "label": [0, 1, 0]})
+    src = HFSource(ds, "file", "t")
+    assert [np.asarray(src.load(i)).tolist() for i in range(3)] == [
+        np.asarray(to_rgb(Image.open(path))).tolist() for path in paths
+    ]
+    assert src.load_array(1).shape == (4, 6, 1) and src.raw(0)[1] == "png"
+    with pytest.raises(DataError, match="no image column"):
+        HFSource(ds, None, "t")
+
+
 def test_large_jpegs_decode_at_a_reduced_scale(tmp_path):
     Image.new("RGB", (2000, 1600), (10, 200, 30)).save(tmp_path / "big.jpg")
     Image.new("RGB", (2000, 1600), (10, 200, 30)).save(tmp_path / "big.png")
