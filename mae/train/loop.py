@@ -203,7 +203,8 @@ def fit(
                             bar.close()
                             raise SystemExit(0)
                 waiting = time.perf_counter()
-            if batches_read and _total(accelerator, images_read) == 0:  # skipping files must not train on nothing
+            # skipping files must not train on nothing (every process takes part in both sums)
+            if _total(accelerator, images_read) == 0 and _total(accelerator, batches_read) > 0:
                 report_bad_files(accelerator, window.bad, state.bad_files)
                 raise TrainingError(
                     f"no image of epoch {state.epoch + 1} could be read: every file was skipped as unreadable "
