@@ -422,7 +422,7 @@ class VisualizeConfig:
     """mae visualize."""
 
     images: list[str]
-    """Image files to show."""
+    """Image files to show, or folders (the first 8 images of each, in name order)."""
     checkpoint: str | None = None
     """Reconstructions: a pretraining output folder, or any checkpoint `load_pretrained` reads."""
     pretrained: str | None = None

@@ -1,6 +1,12 @@
+import numpy as np
+import pytest
 import torch
+from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
+from mae.config import ConfigError
+from mae.data.sources import read_rgb
+from mae.train.stages import _read_images
 from mae.visualize import attention_grid, cls_attention, reconstruction_grid
 
 
@@ -45,3 +51,23 @@ def test_attention_and_reconstruction_grids_have_the_documented_layout():
             else:  # masked: grey in column 1, the reconstruction in column 3
                 assert torch.allclose(cell(1, r, c), torch.full_like(cell(1, r, c), 0.5))
                 assert torch.equal(cell(3, r, c), cell(2, r, c))
+
+
+def test_visualize_reads_its_images_as_training_does(tmp_path):
+    """--images takes what a training folder holds (an RGB `.npy`, an LZW TIFF) and folders (their first 8
+    images in name order); an empty folder is a one-line error."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(
+            folder / f"{i:02d}.tif", compression="tiff_lzw"
+        )
+    np.save(tmp_path / "rgb.npy", rng.random((20, 20, 3)).astype(np.float32))
+    x = _read_images([str(tmp_path / "rgb.npy"), str(folder)], (20, 20))
+    expected = [read_rgb(str(tmp_path / "rgb.npy"))] + [read_rgb(str(folder / f"{i:02d}.tif")) for i in range(8)]
+    assert x.shape == (9, 3, 20, 20)
+    assert all(np.array_equal(x[i].permute(1, 2, 0).numpy(), np.asarray(img)) for i, img in enumerate(expected))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="empty: a folder without images"):
+        _read_images([str(tmp_path / "empty")], (20, 20))

@@ -222,21 +222,25 @@ def _preview_indices(source) -> list[int]:
 
 def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> torch.Tensor:
     """[N, C, H, W] (uint8 RGB for 3 channels, else float in [0, 1]): each image resized (short side) and
-    centre-cropped to `size`."""
-    from PIL import Image
+    centre-cropped to `size`, read as training reads it; a folder gives its first `PREVIEW_IMAGES` images."""
     from torchvision.transforms.v2 import functional as F
 
-    from mae.data.sources import read_array, to_rgb
+    from mae.data.sources import ChannelError, iter_image_files, read_array, read_rgb
     from mae.data.transforms import DECODE_ERRORS
 
     images = []
-    for file in files:
+    listed = [sorted(iter_image_files(f))[:PREVIEW_IMAGES] if Path(f).is_dir() else [f] for f in files]
+    for folder, group in zip(files, listed, strict=True):
+        if not group:
+            raise ConfigError(f"--images {folder}: a folder without images")
+    for file in (f for group in listed for f in group):
         try:
             if in_chans == 3:
-                with Image.open(file) as img:
-                    img = to_rgb(img)
+                img = read_rgb(file)
             else:
                 img = torch.from_numpy(read_array(file)).permute(2, 0, 1)
+        except ChannelError:  # an array (.npy, TIFF bands) of another channel count than the RGB model's
+            img = torch.from_numpy(read_array(file)).permute(2, 0, 1)
         except (FileNotFoundError, *DECODE_ERRORS) as e:
             raise ConfigError(f"--images {file}: cannot read this image ({e})") from None
         if isinstance(img, torch.Tensor) and img.shape[0] != in_chans:
