@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mae.data.sources import IMAGE_EXTENSIONS, DataError, FolderSource, HFSource, iter_image_files, load_hf_dataset
+from mae.data.sources import (
+    IMAGE_EXTENSIONS,
+    DataError,
+    FolderSource,
+    HFSource,
+    is_text,
+    iter_image_files,
+    load_hf_dataset,
+)
 from mae.data.transforms import DecodedImages, sample_seed, split_bad
 
 
@@ -74,7 +82,7 @@ def _check_class_layout(root: Path, classes: list[str], option: str) -> None:
 
 
 class LabeledHF(HFSource):
-    """A `datasets.Dataset` with an image column and an integer (ideally ClassLabel) label column."""
+    """A `datasets.Dataset` with an image column and a label column: ClassLabel, integers, or class names."""
 
     def __init__(self, dataset, image_column: str | None, label_column: str | None, label: str) -> None:
         from datasets import ClassLabel
@@ -85,6 +93,9 @@ class LabeledHF(HFSource):
             label_column = found[0] if found else ("label" if "label" in feats else None)
         if label_column is None or label_column not in feats:
             raise DataError(f"{label}: no label column (columns: {list(feats)}); set --data.label_column")
+        if is_text(feats[label_column]):  # class names: classes in name order, as class folders are
+            dataset = dataset.class_encode_column(label_column)
+            feats = dataset.features
         labels = np.asarray(dataset[label_column], dtype=np.int64)
         feature = feats[label_column]
         if isinstance(feature, ClassLabel):

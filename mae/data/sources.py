@@ -226,8 +226,9 @@ class FolderSource:
         return read_rgb(str(self.paths[i]), decode_side=self.decode_side)
 
 
-def holds_paths(feature) -> bool:
-    """Whether a `datasets` column is text, read as image file paths (cast to datasets' `Image` feature)."""
+def is_text(feature) -> bool:
+    """Whether a `datasets` column holds text: image file paths in an image column (cast to datasets' `Image`
+    feature), class names in a label column (cast to a `ClassLabel`)."""
     from datasets import Value
 
     return isinstance(feature, Value) and feature.dtype in ("string", "large_string")
@@ -251,7 +252,7 @@ class HFSource:
             raise DataError(f"--data.image_column {image_column}: not in {label} (columns: {list(dataset.features)})")
         self.column = image_column
         self.dataset = dataset.select_columns([image_column])
-        if holds_paths(dataset.features[image_column]):
+        if is_text(dataset.features[image_column]):
             self.dataset = self.dataset.cast_column(image_column, ImageFeature())
 
     def __len__(self) -> int:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mae.data.sources import DataError, check_channels, holds_paths, image_array, pil_array, to_rgb
+from mae.data.sources import DataError, check_channels, image_array, is_text, pil_array, to_rgb
 from mae.data.transforms import DECODE_ERRORS
 
 SHUFFLE_BUFFER = 1000
@@ -86,7 +86,7 @@ class StreamSource:
             self.classes = list(feature.names)
         keep = [column] + ([self.label_column] if self.label_column else [])
         self.dataset = ds.select_columns(keep)
-        if isinstance(features[column], datasets.Image) or holds_paths(features[column]):
+        if isinstance(features[column], datasets.Image) or is_text(features[column]):
             # decoded here (paths opened here), so replayed examples cost no decoding
             self.dataset = self.dataset.cast_column(column, datasets.Image(decode=False))
         self.length = self._size(ds, split)

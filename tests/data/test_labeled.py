@@ -1,12 +1,14 @@
 """Labeled data: the fine-tuning transform at every augmentation and magnitude."""
 
+import datasets
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from mae.config import AugmentConfig
-from mae.data.labeled import train_transform
+from mae.data.labeled import LabeledHF, train_transform
+from mae.data.sources import DataError
 
 
 def _image(seed=0):
@@ -102,3 +104,25 @@ def test_a_seeded_sample_leaves_the_global_generators_going_on_from_where_they_w
     assert torch.equal(g1[0], g3[0]) and g1[1:] == g3[1:] and g1[1:] != g2[1:]
     torch.manual_seed(5)
     assert torch.equal(torch.rand(4), g1[0])  # torch's generator restored exactly
+
+
+def test_a_labeled_dataset_takes_class_labels_integers_or_class_names(tmp_path):
+    """A `datasets` table's label column: a ClassLabel (its names), integers (0..max), or class names as text
+    (in name order, as class folders are), here beside a text column of image paths."""
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"{i}.png"))
+        _image(i).save(paths[-1])
+    names = ["shirt", "boot", "shirt", "bag"]
+    by_name = LabeledHF(datasets.Dataset.from_dict({"file": paths, "kind": names}), "file", "kind", "t")
+    assert by_name.classes == ["bag", "boot", "shirt"] and by_name.labels.tolist() == [2, 1, 2, 0]
+    assert np.array_equal(np.asarray(by_name.load(3)), np.asarray(_image(3)))
+    numbers = LabeledHF(datasets.Dataset.from_dict({"file": paths, "label": [0, 2, 2, 1]}), "file", None, "t")
+    assert numbers.classes == ["0", "1", "2"] and numbers.labels.tolist() == [0, 2, 2, 1]
+    features = datasets.Features({"file": datasets.Value("string"), "y": datasets.ClassLabel(names=["x", "y", "z"])})
+    tagged = LabeledHF(
+        datasets.Dataset.from_dict({"file": paths, "y": [2, 0, 1, 1]}, features=features), "file", None, "t"
+    )
+    assert tagged.classes == ["x", "y", "z"] and tagged.labels.tolist() == [2, 0, 1, 1]
+    with pytest.raises(DataError, match="label -1 of row 1 is outside"):
+        LabeledHF(datasets.Dataset.from_dict({"file": paths, "label": [0, -1, 1, 1]}), "file", None, "t")
