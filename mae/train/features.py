@@ -35,16 +35,25 @@ def predict(
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     # A stream's part (`EvalStream`) has its own length on each process: gathered once, at the end.
     per_batch = accelerator is not None and not getattr(loader, "streamed", False)
-    outputs, labels, bad = [], [], []
+    uneven = per_batch and accelerator.num_processes > 1  # unreadable files leave batches of unequal sizes
+    outputs, labels, indices, bad = [], [], [], []
     for batch in loader:
         bad.extend(batch.get("bad", []))
-        if batch["image"] is None:
+        out = None
+        if batch["image"] is not None:
+            with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
+                out = model(batch["image"].to(device)).float()
+        if uneven:  # every process takes part in every batch's gathers, readable images or none
+            out, y, index = _gather_uneven(accelerator, out, batch)
+            if out is None:
+                continue
+            indices.append(index)
+        elif out is None:
             continue
-        with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
-            out = model(batch["image"].to(device)).float()
-        y = batch["label"]
-        if per_batch:
-            out, y = accelerator.gather_for_metrics((out, y.to(device)))
+        else:
+            y = batch["label"]
+            if per_batch:
+                out, y = accelerator.gather_for_metrics((out, y.to(device)))
         outputs.append(out.cpu())
         labels.append(y.cpu())
     model.train(was_training)
@@ -54,7 +63,34 @@ def predict(
         return _gather_parts(accelerator, outputs, labels)
     if not outputs:
         raise _unreadable()
-    return torch.cat(outputs), torch.cat(labels)
+    outputs, labels = torch.cat(outputs), torch.cat(labels)
+    if uneven:  # each sample once: the samples Accelerate repeats to even out the last batch are dropped
+        index = torch.cat(indices)
+        order = torch.argsort(index, stable=True)
+        first = torch.ones(len(order), dtype=torch.bool)
+        first[1:] = index[order][1:] != index[order][:-1]
+        outputs, labels = outputs[order[first]], labels[order[first]]
+    return outputs, labels
+
+
+def _gather_uneven(accelerator: Accelerator, out: torch.Tensor | None, batch: dict[str, Any]):
+    """(outputs, labels, dataset indices) of a batch from every process, which may hold different numbers of
+    readable images (none at all on some): padded to the largest, gathered, the padding dropped. (None, None,
+    None) when no process read any."""
+    device = accelerator.device
+    n = 0 if out is None else len(out)
+    width = 0 if out is None else out.shape[1]
+    sizes = accelerator.gather(torch.tensor([[n, width]], device=device)).view(-1, 2)
+    most, width = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+    if most == 0:
+        return None, None, None
+    padded = torch.zeros(most, width, device=device)
+    y, index = torch.zeros(most, dtype=torch.long, device=device), torch.zeros(most, dtype=torch.long, device=device)
+    if n:
+        padded[:n], y[:n], index[:n] = out, batch["label"].to(device), batch["index"].to(device)
+    out, y, index = accelerator.gather((padded, y, index))
+    real = (torch.arange(most, device=device)[None, :] < sizes[:, :1]).flatten()
+    return out[real], y[real], index[real].cpu()
 
 
 def _unreadable() -> DataError:

@@ -116,6 +116,7 @@ def fit(
     stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
     first_step: float | None = time.perf_counter()
     doctor = _LoaderDoctor(accelerator, loader)
+    last_readable: dict[str, Any] | None = None  # stands in for a batch of unreadable files (several processes)
 
     def checkpoint() -> None:
         skips.collect(state)
@@ -153,12 +154,26 @@ def fit(
                 state.batch_in_epoch += 1
                 batches_read += 1
                 window.bad.extend(batch.get("bad", []))
+                readable = batch.get("image", 0) is not None
+                if not readable and accelerator.num_processes > 1:
+                    # every process must take part in the step's collectives: run a batch seen before, for
+                    # no gradient of its own
+                    if last_readable is None:
+                        raise TrainingError(
+                            f"process {accelerator.process_index} could read none of the images of its first "
+                            "batch, so it cannot take part in the step (the others wait on it); fix or remove "
+                            "the unreadable files warned above"
+                        )
+                    batch = last_readable
                 with accelerator.accumulate(task.model):
-                    if batch.get("image", 0) is not None:
+                    if readable or accelerator.num_processes > 1:
                         loss = task.forward(batch)["loss"]
-                        accelerator.backward(loss)  # a non-finite loss makes non-finite gradients: skipped below
+                        # a non-finite loss makes non-finite gradients: skipped below
+                        accelerator.backward(loss if readable else loss * 0.0)
+                    if readable:
                         window.add(loss, len(batch["image"]))
                         images_read += len(batch["image"])
+                        last_readable = batch
                     if accelerator.sync_gradients:
                         lr = lr_at(
                             state.step,

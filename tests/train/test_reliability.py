@@ -162,6 +162,50 @@ def test_a_corpus_with_no_readable_image_ends_the_run(tmp_path, stage, capsys):
     assert "no image" in err[-1] and "could be read: every file was skipped as unreadable" in err[-1], err[-1]
 
 
+def test_two_processes_get_through_a_corrupt_corpus(tmp_path):
+    """Several processes meet unreadable files apart: a batch with none readable on one process (pretraining
+    with half the files bad, two a batch) and evaluation batches of unequal sizes (k-NN) must neither break
+    the collectives nor count a sample twice; k-NN gives what one process gives."""
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / f"g{i}.png")
+        (tmp_path / f"b{i}.png").write_bytes(b"not a png")
+    labeled = tmp_path / "lab"
+    for name in ("a", "b"):
+        make_images(labeled / name, n=10, nested=False, seed=ord(name))
+        for i in range(3):
+            (labeled / name / f"bad{i}.png").write_bytes(b"not a png")
+    enc = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+    common = ["--loop.mixed_precision", "no", "--data.num_workers", "0"]
+    pretrain = [
+        "pretrain",
+        *FAST,
+        *common,
+        "--data.path",
+        str(tmp_path),
+        "--loop.batch_size",
+        "2",
+        "--loop.epochs",
+        "2",
+    ]
+    knn = ["knn", *common, "--pretrained", str(enc), "--data.path", str(labeled), "--loop.batch_size", "4"]
+    for args, out in ((pretrain, "pre"), (knn, "knn2")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mae",
+             *args, "--output_dir", str(tmp_path / out)],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    AcceleratorState._reset_state(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*knn, "--output_dir", str(tmp_path / "knn1")]) == 0
+    one, two = (
+        [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("knn1", "knn2")
+    )
+    assert one[-1]["samples"] == two[-1]["samples"] and one[-1]["top1"] == two[-1]["top1"]
+
+
 # --- kills, signals ------------------------------------------------------------------------------
 
 DRIVER = """
