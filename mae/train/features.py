@@ -33,42 +33,39 @@ def predict(
     was_training = model.training
     model.eval()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    # A stream's part (`EvalStream`) has its own length on each process: gathered once, at the end.
-    per_batch = accelerator is not None and not getattr(loader, "streamed", False)
-    uneven = per_batch and accelerator.num_processes > 1  # unreadable files leave batches of unequal sizes
+    processes = accelerator.num_processes if accelerator is not None else 1
+    # A stream's part (`EvalStream`) has its own length on each process: gathered once, at the end. Other
+    # loaders are gathered batch by batch, of unequal sizes where unreadable files were left out.
+    streamed = getattr(loader, "streamed", False)
+    per_batch = processes > 1 and not streamed
     outputs, labels, indices, bad = [], [], [], []
     for batch in loader:
         bad.extend(batch.get("bad", []))
-        out = None
+        out, y = None, batch["label"]
         if batch["image"] is not None:
             with accelerator.autocast() if accelerator is not None else contextlib.nullcontext():
                 out = model(batch["image"].to(device)).float()
-        if uneven:  # every process takes part in every batch's gathers, readable images or none
+        if per_batch:  # every process takes part in every batch's gathers, readable images or none
             out, y, index = _gather_uneven(accelerator, out, batch)
-            if out is None:
-                continue
-            indices.append(index)
-        elif out is None:
-            continue
-        else:
-            y = batch["label"]
+        if out is not None:
+            outputs.append(out.cpu())
+            labels.append(y.cpu())
             if per_batch:
-                out, y = accelerator.gather_for_metrics((out, y.to(device)))
-        outputs.append(out.cpu())
-        labels.append(y.cpu())
+                indices.append(index)
     model.train(was_training)
     if accelerator is not None:
         report_bad_files(accelerator, bad, [] if bad_seen is None else bad_seen)
-    if not per_batch and accelerator is not None and accelerator.num_processes > 1:
+    if streamed and processes > 1:
         return _gather_parts(accelerator, outputs, labels)
     if not outputs:
         raise _unreadable()
     outputs, labels = torch.cat(outputs), torch.cat(labels)
-    if uneven:  # each sample once: the samples Accelerate repeats to even out the last batch are dropped
+    if per_batch:  # each sample once: the samples Accelerate repeats to even out the last batch are dropped
         index = torch.cat(indices)
         order = torch.argsort(index, stable=True)
+        ranked = index[order]
         first = torch.ones(len(order), dtype=torch.bool)
-        first[1:] = index[order][1:] != index[order][:-1]
+        first[1:] = ranked[1:] != ranked[:-1]
         outputs, labels = outputs[order[first]], labels[order[first]]
     return outputs, labels
 
