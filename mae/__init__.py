@@ -1,9 +1,9 @@
 """Masked autoencoder pretraining for timm Vision Transformers."""
 
-from mae.export import export_encoder, load_encoder
-from mae.importers import load_pretrained
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.version import __version__
+from mae.weights.export import export_encoder, load_encoder
+from mae.weights.importers import load_pretrained
 
 __all__ = [
     "MAEOutput",

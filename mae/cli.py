@@ -32,9 +32,9 @@ from mae.config import (
     check_config,
 )
 from mae.data.sources import DataError
-from mae.importers import CheckpointError
 from mae.run_folder import error_log
 from mae.train.loop import TrainingError
+from mae.weights.importers import CheckpointError
 
 # Each config field's docstring is its --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -167,7 +167,7 @@ def run_stage(stage: str, cfg: Any) -> None:
 
         run_visualize(cfg)
     elif stage == "export":
-        from mae.export import export_encoder
+        from mae.weights.export import export_encoder
 
         path = export_encoder(cfg.checkpoint, cfg.output, format=cfg.format)
         print(f"wrote {path}")
@@ -185,8 +185,8 @@ def run_stage(stage: str, cfg: Any) -> None:
 
         shard_source(cfg)
     elif stage == "convert":
-        from mae.export import export_encoder, save_model
-        from mae.importers import load_pretrained
+        from mae.weights.export import export_encoder, save_model
+        from mae.weights.importers import load_pretrained
 
         heads = {k: v for k, v in (("num_heads", cfg.num_heads), ("decoder_num_heads", cfg.decoder_num_heads)) if v}
         model = load_pretrained(cfg.source, **heads)

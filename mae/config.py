@@ -14,12 +14,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Union
 
+from mae.errors import ConfigError  # noqa: F401 - stages and tests import it from here
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class ConfigError(ValueError):
-    """A bad option value; the message names the option, the value and what is allowed."""
 
 
 @dataclass(frozen=True)

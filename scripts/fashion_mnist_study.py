@@ -117,7 +117,7 @@ def random_encoder(path: Path, seed: int) -> Path:
     name = model_cfg.pop("name")
     run = yaml.safe_load((path.parent / "pretrain" / "config.yaml").read_text())
     stats = {"data": {"mean": run["data"]["mean"], "std": run["data"]["std"]}}
-    return mae.export.save_encoder(mae.create_mae(name, **model_cfg), path, stats)
+    return mae.weights.export.save_encoder(mae.create_mae(name, **model_cfg), path, stats)
 
 
 def loss_curve(metrics: Path, png: Path) -> None:
@@ -295,7 +295,7 @@ def layers(args: argparse.Namespace) -> None:
     pretrained = out / f"seed{seed}" / "pretrain"
     if not (pretrained / "encoder.safetensors").exists():
         sys.exit(f"{pretrained}/encoder.safetensors: not found; run the study for seed {seed} first")
-    stats = mae.export.encoder_source(str(pretrained))  # the statistics the encoder was pretrained with
+    stats = mae.weights.export.encoder_source(str(pretrained))  # the statistics the encoder was pretrained with
     mean, std = stats["mean"], stats["std"]
     (xfit, yfit), (xval, yval) = load_split(data, "fit"), load_split(data, "val")
     rand = random_encoder(out / f"seed{seed}" / "random_encoder.safetensors", seed)  # the study's, rebuilt

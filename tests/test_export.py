@@ -11,8 +11,8 @@ from timm.layers import resample_abs_pos_embed
 
 import mae
 from mae.cli import main
-from mae.export import timm_architecture
-from mae.importers import CheckpointError
+from mae.weights.export import timm_architecture
+from mae.weights.importers import CheckpointError
 
 SMALL = dict(img_size=32, patch_size=8, depth=2, decoder_depth=1)
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import mae
-from mae.importers import CheckpointError
+from mae.weights.importers import CheckpointError
 
 D, DEPTH, HEADS, DD, DDEPTH, DHEADS, P, IMG = 64, 2, 4, 32, 2, 2, 8, 32
 L = (IMG // P) ** 2

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parents[1] / "mae"
-LOWER = sorted([*PACKAGE.joinpath("models").glob("*.py"), PACKAGE / "export.py", PACKAGE / "importers.py",
+LOWER = sorted([*PACKAGE.joinpath("models").glob("*.py"), *PACKAGE.joinpath("weights").glob("*.py"),
                 PACKAGE / "run_folder.py", PACKAGE / "visualize.py"])  # fmt: skip
 
 

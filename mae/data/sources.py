@@ -20,6 +20,8 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image, ImageOps
 
+from mae.errors import ChannelError, DataError  # noqa: F401
+
 IMAGE_EXTENSIONS = frozenset(
     ".jpg .jpeg .jpe .jfif .png .webp .avif .bmp .tif .tiff .gif .ppm .pgm .pbm .pnm .npy".split()
 )
@@ -42,14 +44,6 @@ DEMO_IMAGES = (
     "cat",
 )
 DEMO_REPEATS = 16  # each photo appears this often per epoch, each time with its own crop
-
-
-class DataError(ValueError):
-    """Bad data input; the message names the path or option and says what to do."""
-
-
-class ChannelError(DataError):
-    """An image whose channel count is not the run's: an error that ends the run, not a file to skip."""
 
 
 def check_channels(array: np.ndarray, in_chans: int, name: str) -> None:

@@ -19,8 +19,6 @@ from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, L
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
 from mae.data.labeled import eval_transform as labeled_eval_transform
 from mae.data.streaming import StreamSamples, StreamSource
-from mae.export import build_classifier, describe_vit, encoder_source, save_classifier
-from mae.importers import CheckpointError
 from mae.models.classifier import LinearProbe, fold_probe_head, freeze_first_blocks, probe_head
 from mae.run_folder import CLASSES, CLASSIFIER, CONFIG, METRICS
 from mae.train.features import knn_scores, predict, topk_accuracy
@@ -42,6 +40,8 @@ from mae.train.run import (
 )
 from mae.train.stream_loaders import EvalStream
 from mae.train.tasks import ClassifierTask
+from mae.weights.export import build_classifier, describe_vit, encoder_source, save_classifier
+from mae.weights.importers import CheckpointError
 
 
 @dataclass

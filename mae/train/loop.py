@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from mae.config import LoopConfig
+from mae.errors import TrainingError  # noqa: F401
 from mae.run_folder import checkpoint_dir
 from mae.train.checkpoint import save_checkpoint
 from mae.train.metrics import MetricsWriter, report_bad_files
@@ -36,10 +37,6 @@ class Task(Protocol):
     def after_step(self) -> None: ...
 
     def evaluate(self, epoch: int, final: bool) -> dict[str, Any] | None: ...
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot go on; the message says why and what to do."""
 
 
 @dataclass

@@ -12,8 +12,6 @@ from mae.config import IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig,
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
-from mae.export import describe_vit, save_encoder, timm_architecture
-from mae.importers import load_pretrained
 from mae.models.decoder import DECODERS
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
@@ -29,6 +27,8 @@ from mae.train.run import (
     plain_model,
 )
 from mae.train.tasks import PretrainTask
+from mae.weights.export import describe_vit, save_encoder, timm_architecture
+from mae.weights.importers import load_pretrained
 
 PREVIEW_IMAGES = 8
 
@@ -252,11 +252,11 @@ def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> 
 
 def run_visualize(cfg) -> Path:
     """Reconstructions (--checkpoint) or cls attention maps (--attention --pretrained); one PNG grid."""
-    from mae.importers import CheckpointError
     from mae.visualize import attention_grid, reconstruction_grid, save_grid
+    from mae.weights.importers import CheckpointError
 
     if cfg.attention:
-        from mae.export import build_classifier, encoder_source
+        from mae.weights.export import build_classifier, encoder_source
 
         if not (cfg.pretrained or cfg.checkpoint):
             raise ConfigError(

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mae.importers import hf_vitmae_to_mae, mae_to_hf_vitmae
 from mae.models import create_mae
+from mae.weights.importers import hf_vitmae_to_mae, mae_to_hf_vitmae
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,10 +18,10 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
-from mae.importers import CheckpointError, load_pretrained
 from mae.models.mae import MaskedAutoencoder
 from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, follow_umask, run_config
 from mae.version import __version__
+from mae.weights.importers import CheckpointError, load_pretrained
 
 
 def timm_architecture(model: MaskedAutoencoder) -> tuple[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mae.errors import CheckpointError  # noqa: F401
 from mae.models.mae import MaskedAutoencoder
 from mae.models.registry import preset_config, preset_matching
 from mae.run_folder import CONFIG, ENCODER, HF_CONFIG, HF_WEIGHTS, is_checkpoint, list_checkpoints
@@ -180,10 +181,6 @@ def official_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # --- reading files --------------------------------------------------------------------------------
-
-
-class CheckpointError(ValueError):
-    """A file that cannot be loaded as an MAE checkpoint; the message names it and says why."""
 
 
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -1,0 +1,28 @@
+"""The errors a user can cause, one family: every one carries a one-line message that names the option,
+file or value at fault and says what to do. The CLI prints that line; the Python API raises it."""
+
+from __future__ import annotations
+
+
+class MaeError(Exception):
+    """Base of every error this toolkit raises for bad input or a run that cannot go on."""
+
+
+class ConfigError(MaeError, ValueError):
+    """A bad option value; the message names the option, the value and what is allowed."""
+
+
+class DataError(MaeError, ValueError):
+    """Bad data input; the message names the path or option and says what to do."""
+
+
+class ChannelError(DataError):
+    """An image whose channel count is not the run's: an error that ends the run, not a file to skip."""
+
+
+class CheckpointError(MaeError, ValueError):
+    """A file that cannot be loaded as an MAE checkpoint; the message names it and says why."""
+
+
+class TrainingError(MaeError, RuntimeError):
+    """A run that cannot go on; the message says why and what to do."""

@@ -1,0 +1,1 @@
+"""Weights in and out: every checkpoint format read (`importers`), encoders and classifiers written (`export`)."""
