@@ -1,5 +1,7 @@
 """`mae <stage> [--config RECIPE.yaml] [--section.key VALUE ...]`: parse, validate, dispatch.
 
+The stages come from `mae.stages` (the registry); plugins named in `MAE_PLUGINS` or installed under the
+`mae.plugins` entry point are imported first, so their stages, sources, masks and decoders are there too.
 Precedence: dataclass defaults < (demo settings, when no data is given) < YAML < command line.
 """
 
@@ -8,7 +10,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
-import re
 import sys
 import traceback
 from dataclasses import fields
@@ -17,89 +18,51 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, set_parsing_settings
 
-from mae.config import (
-    DEMO_OVERRIDES,
-    ConfigError,
-    ConvertConfig,
-    ExportConfig,
-    FinetuneConfig,
-    KnnConfig,
-    LinprobeConfig,
-    PretrainConfig,
-    ShardConfig,
-    StatsConfig,
-    VisualizeConfig,
-    check_config,
-)
-from mae.data.sources import DataError
+from mae.errors import ConfigError, MaeError, TrainingError, one_line
+from mae.plugins import load_plugins
 from mae.run_folder import error_log
-from mae.train.loop import TrainingError
-from mae.weights.importers import CheckpointError
+from mae.stages import get_stage, list_stages
 
 # Each config field's docstring is its --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
-STAGES: dict[str, tuple[type, str]] = {
-    "pretrain": (PretrainConfig, "Pretrain a ViT encoder by masked autoencoding."),
-    "linprobe": (LinprobeConfig, "Train a linear classifier on the frozen encoder's features."),
-    "finetune": (FinetuneConfig, "Fine-tune the whole ViT with a fresh classifier head."),
-    "knn": (KnnConfig, "Weighted k-NN classification with the frozen encoder's features."),
-    "visualize": (VisualizeConfig, "Write original | masked | reconstruction grids for some images."),
-    "export": (ExportConfig, "Write the encoder as safetensors with timm key names."),
-    "stats": (StatsConfig, "Print the per-channel mean and std of a data set (what --data.mean auto measures)."),
-    "convert": (ConvertConfig, "Convert another toolkit's MAE checkpoint to this project's safetensors."),
-    "shard": (ShardConfig, "Write images as WebDataset tar shards with an index (a --data.path for every stage)."),
-}
-
 
 def build_parser(stage: str) -> ArgumentParser:
-    config_cls, description = STAGES[stage]
-    parser = ArgumentParser(prog=f"mae {stage}", description=description, exit_on_error=False, default_meta=False)
+    """The stage's parser: its config's fields as `--section.key` options (docstrings as help), plus the
+    positional words, lists and flags the stage declares."""
+    s = get_stage(stage)
+    parser = ArgumentParser(prog=f"mae {stage}", description=s.description, exit_on_error=False, default_meta=False)
     parser.add_argument("--config", action=ActionConfigFile, help="A recipe YAML (sparse: only what differs).")
-    # A list of files reads best as `--images a.jpg b.jpg`, which needs argparse's nargs.
-    lists = {"images"} if stage == "visualize" else set()
-    positional = {"source"} if stage in ("convert", "shard") else set()
-    flags = {"attention"} if stage == "visualize" else set()  # `--attention` alone reads best
-    parser.add_class_arguments(config_cls, fail_untyped=True, sub_configs=True, skip=lists | positional | flags)
-    for name in flags:
-        parser.add_argument(f"--{name}", action=ActionYesNo, default=False, help="Show attention maps.")
-    for name in lists:
-        parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help="Image files.")
-    for name in positional:
-        what = "The images to shard (what --data.path reads)." if stage == "shard" else "The checkpoint to convert."
-        parser.add_argument(name, type=str, help=what)
+    manual = set(s.positional) | set(s.lists) | set(s.flags)
+    parser.add_class_arguments(s.config, fail_untyped=True, sub_configs=True, skip=manual)
+    for name, help in s.flags.items():  # `--attention` alone reads best
+        parser.add_argument(f"--{name}", action=ActionYesNo, default=False, help=help)
+    for name, help in s.lists.items():  # a list of files reads best as `--images a.jpg b.jpg`
+        parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help=help)
+    for name, help in s.positional.items():
+        parser.add_argument(name, type=str, help=help)
     return parser
 
 
 def parse(stage: str, argv: list[str]) -> Any:
-    """Parse a stage's options into its frozen config dataclass."""
+    """Parse a stage's options into its frozen config dataclass, every range checked."""
+    s = get_stage(stage)
     parser = build_parser(stage)
-    ns = parser.parse_args(argv)
-    demo = stage == "pretrain" and ns.data.path is None
-    if demo:
-        parser.set_defaults(DEMO_OVERRIDES)
+    try:
         ns = parser.parse_args(argv)
+        demo = s.demo is not None and ns.data.path is None
+        if demo:  # the demo's settings, under the user's own options
+            parser.set_defaults(s.demo)
+            ns = parser.parse_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(one_line(e)) from None
     ns = parser.instantiate(ns) if hasattr(parser, "instantiate") else parser.instantiate_classes(ns)
-    config_cls = STAGES[stage][0]
-    cfg = config_cls(**{f.name: ns[f.name] for f in fields(config_cls)})
-    check_config(cfg)
+    cfg = s.finalize(s.config(**{f.name: ns[f.name] for f in fields(s.config)}))
     if demo:
         print(
-            "mae pretrain: no --data.path given: training on the built-in demo photos (scikit-image)", file=sys.stderr
+            f"mae {stage}: no --data.path given: training on the built-in demo photos (scikit-image)", file=sys.stderr
         )
     return cfg
-
-
-def _one_line(message: object) -> str:
-    if "Original Traceback" in str(message):  # re-raised from a DataLoader worker: its cause, not its traceback
-        return _cause(message)
-    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    # argparse names a missing option by its destination ("required: output"); users type "--output".
-    return re.sub(
-        r"(arguments are required: )(.*)$",
-        lambda m: m.group(1) + ", ".join(f"--{a}" if a != "source" else a for a in m.group(2).split(", ")),
-        text,
-    )
 
 
 def _cause(e: BaseException) -> str:
@@ -107,8 +70,7 @@ def _cause(e: BaseException) -> str:
     exception's last line, not the whole worker traceback."""
     text = str(e)
     if "Original Traceback" in text:
-        last = [line.strip() for line in text.splitlines() if line.strip()][-1]
-        return f"{last} (in a DataLoader worker)"
+        return one_line(text)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
@@ -153,55 +115,20 @@ def _end_worker_processes() -> None:
         signal.signal(signal.SIGCHLD, previous)
 
 
-def run_stage(stage: str, cfg: Any) -> None:
-    if stage == "pretrain":
-        from mae.train.stages import run_pretrain
-
-        run_pretrain(cfg)
-    elif stage in ("linprobe", "finetune", "knn"):
-        from mae.train import downstream
-
-        getattr(downstream, f"run_{stage}")(cfg)
-    elif stage == "visualize":
-        from mae.train.stages import run_visualize
-
-        run_visualize(cfg)
-    elif stage == "export":
-        from mae.weights.export import export_encoder
-
-        path = export_encoder(cfg.checkpoint, cfg.output, format=cfg.format)
-        print(f"wrote {path}")
-    elif stage == "stats":
-        from mae.data.sources import open_source
-        from mae.data.stats import channel_stats
-
-        source = open_source(cfg.data.path, cfg.data.image_column)
-        mean, std = channel_stats(source, cfg.model.in_chans, samples=cfg.samples, seed=cfg.seed)
-        print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
-        print(f"mean {mean}\nstd  {std}")
-        print(f"--data.mean '{mean}' --data.std '{std}'")
-    elif stage == "shard":
-        from mae.data.shards import shard_source
-
-        shard_source(cfg)
-    elif stage == "convert":
-        from mae.weights.export import export_encoder, save_model
-        from mae.weights.importers import load_pretrained
-
-        heads = {k: v for k, v in (("num_heads", cfg.num_heads), ("decoder_num_heads", cfg.decoder_num_heads)) if v}
-        model = load_pretrained(cfg.source, **heads)
-        path = export_encoder(model, cfg.output) if cfg.encoder_only else save_model(model, cfg.output)
-        print(f"wrote {path}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES:
-        usage = "usage: mae {" + ",".join(STAGES) + "} [--config RECIPE.yaml] [--section.key VALUE ...]"
-        lines = [usage, ""] + [f"  {name:<10} {desc}" for name, (_, desc) in STAGES.items()]
+    try:
+        load_plugins()
+    except ConfigError as e:
+        print(f"mae: error: {e}", file=sys.stderr)
+        return 2
+    stages = list_stages()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in stages:
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"mae: error: unknown stage '{argv[0]}'; choose one of {', '.join(STAGES)}", file=sys.stderr)
+            print(f"mae: error: unknown stage '{argv[0]}'; choose one of {', '.join(stages)}", file=sys.stderr)
             return 2
+        usage = "usage: mae {" + ",".join(stages) + "} [--config RECIPE.yaml] [--section.key VALUE ...]"
+        lines = [usage, ""] + [f"  {name:<10} {get_stage(name).description}" for name in stages]
         print("\n".join(lines + ["", "mae <stage> --help lists every option."]))
         return 0 if argv else 2
     stage, rest = argv[0], argv[1:]
@@ -211,13 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = None
     try:
         cfg = parse(stage, rest)
-        run_stage(stage, cfg)
-    except (argparse.ArgumentError, ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
-        print(f"mae {stage}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        get_stage(stage).run(cfg)
     except TrainingError as e:
-        print(f"mae {stage}: stopped: {_one_line(e)}", file=sys.stderr)
+        print(f"mae {stage}: stopped: {one_line(e)}", file=sys.stderr)
         return 1
+    except (MaeError, FileNotFoundError) as e:
+        print(f"mae {stage}: error: {one_line(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"mae {stage}: interrupted", file=sys.stderr)
         return 130

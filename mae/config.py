@@ -224,7 +224,35 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class RunConfig:
+    """What every stage that writes a run folder shares."""
+
+    output_dir: str | None = None
+    """Where the run writes config.yaml, metrics.jsonl, checkpoints and its weights; null = outputs/<stage>."""
+    seed: int = ranged(0, ge=0)
+    """Seeds everything random in the run: the weights of new layers, the validation split, and each sample's
+    crop, mask and augmentation (drawn from seed, epoch and index, so any number of processes sees the same)."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig(RunConfig):
+    """A stage that trains: it checkpoints and resumes."""
+
+    resume: str = "auto"
+    """auto: continue from the latest checkpoint in output_dir; never: start over; or a checkpoint path."""
+
+
+@dataclass(frozen=True)
+class PretrainedConfig:
+    """A stage that starts from a pretrained encoder."""
+
+    pretrained: str | None = None
+    """An encoder export, a pretraining output folder, any checkpoint `load_pretrained` reads, or random:PRESET
+    (a random-init baseline, seeded by --seed)."""
+
+
+@dataclass(frozen=True)
+class PretrainConfig(TrainingConfig):
     """mae pretrain."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -232,12 +260,6 @@ class PretrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    output_dir: str = "outputs/pretrain"
-    """Where config.yaml, metrics.jsonl, checkpoints, previews and encoder.safetensors go."""
-    seed: int = ranged(0, ge=0)
-    """Seeds the weights, and each sample's crop and mask through (seed, epoch, index)."""
-    resume: str = "auto"
-    """auto: continue from the latest checkpoint in output_dir; never: start over; or a checkpoint path."""
 
 
 @dataclass(frozen=True)
@@ -352,11 +374,9 @@ class AugmentConfig:
 
 
 @dataclass(frozen=True)
-class LinprobeConfig:
+class LinprobeConfig(PretrainedConfig, TrainingConfig):
     """mae linprobe."""
 
-    pretrained: str | None = None
-    """An encoder export, a pretraining output folder, or any checkpoint `load_pretrained` reads."""
     model: ClassifierModelConfig = field(default_factory=lambda: ClassifierModelConfig(pool="token", drop_path=0.0))
     data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
     optim: ProbeOptimConfig = field(default_factory=ProbeOptimConfig)
@@ -367,39 +387,23 @@ class LinprobeConfig:
     """Random-resized-crop + flip (the paper's protocol); implies the augmented mode."""
     cache_dir: str | None = None
     """Keep cached features on disk here (memory-mapped) instead of in memory."""
-    output_dir: str = "outputs/linprobe"
-    """Where config.yaml, metrics.jsonl, classes.json, checkpoints and classifier.safetensors go."""
-    seed: int = ranged(0, ge=0)
-    """Seeds the head, the validation split and each sample's augmentation."""
-    resume: str = "auto"
-    """auto: continue from the latest checkpoint in output_dir; never: start over; or a checkpoint path."""
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(PretrainedConfig, TrainingConfig):
     """mae finetune."""
 
-    pretrained: str | None = None
-    """An encoder export, a pretraining output folder, any checkpoint `load_pretrained` reads, or random:PRESET."""
     model: ClassifierModelConfig = field(default_factory=ClassifierModelConfig)
     data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
     aug: AugmentConfig = field(default_factory=AugmentConfig)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=100, batch_size=64, eval_every=1))
-    output_dir: str = "outputs/finetune"
-    """Where config.yaml, metrics.jsonl, classes.json, checkpoints and classifier.safetensors go."""
-    seed: int = ranged(0, ge=0)
-    """Seeds the head, the validation split and each sample's augmentation."""
-    resume: str = "auto"
-    """auto: continue from the latest checkpoint in output_dir; never: start over; or a checkpoint path."""
 
 
 @dataclass(frozen=True)
-class KnnConfig:
+class KnnConfig(PretrainedConfig, RunConfig):
     """mae knn."""
 
-    pretrained: str | None = None
-    """An encoder export, a pretraining output folder, or any checkpoint `load_pretrained` reads."""
     model: ClassifierModelConfig = field(default_factory=lambda: ClassifierModelConfig(pool="token", drop_path=0.0))
     data: LabeledDataConfig = field(default_factory=LabeledDataConfig)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, batch_size=256))
@@ -407,12 +411,6 @@ class KnnConfig:
     """Neighbours that vote."""
     temperature: float = ranged(0.07, gt=0)
     """Votes are weighted by exp(cosine similarity / temperature)."""
-    output_dir: str = "outputs/knn"
-    """Where config.yaml and metrics.jsonl go."""
-    seed: int = ranged(0, ge=0)
-    """Seeds the validation split when there is no --data.val_path."""
-    resume: str = "never"
-    """Unused by k-NN (one pass, no checkpoints); kept so every stage reads the same options."""
 
 
 @dataclass(frozen=True)

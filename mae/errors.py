@@ -3,6 +3,8 @@ file or value at fault and says what to do. The CLI prints that line; the Python
 
 from __future__ import annotations
 
+import re
+
 
 class MaeError(Exception):
     """Base of every error this toolkit raises for bad input or a run that cannot go on."""
@@ -26,3 +28,17 @@ class CheckpointError(MaeError, ValueError):
 
 class TrainingError(MaeError, RuntimeError):
     """A run that cannot go on; the message says why and what to do."""
+
+
+def one_line(message: object) -> str:
+    """An error message as the one line the CLI prints and the API raises: its lines joined, and an argparse
+    "arguments are required: output" naming the option as users type it ("--output")."""
+    if "Original Traceback" in str(message):  # re-raised from a DataLoader worker: its cause, not its traceback
+        last = [line.strip() for line in str(message).splitlines() if line.strip()][-1]
+        return f"{last} (in a DataLoader worker)"
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return re.sub(
+        r"(arguments are required: )(.*)$",
+        lambda m: m.group(1) + ", ".join(f"--{a}" if a != "source" else a for a in m.group(2).split(", ")),
+        text,
+    )

@@ -28,7 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import mae
 from mae.data.transforms import normalize
-from mae.train.run import adamw, configure_speed
+from mae.train.optim import adamw
+from mae.train.speed import configure_speed
 
 PRESETS = {"small": "mae_vit_small_patch16", "base": "mae_vit_base_patch16", "large": "mae_vit_large_patch16"}
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -33,7 +33,7 @@ from mae.data.samplers import EpochSampler
 from mae.data.shards import write_shards
 from mae.data.sources import DEMO_IMAGES, open_source
 from mae.data.transforms import DecodedImages, PretrainSamples, collate_samples
-from mae.train.run import make_loader
+from mae.train.loaders import make_loader
 
 GPU_STEP = 4000  # images/s of a ViT-B/16 MAE step on one H200 (bf16, batch 256)
 HOST_CORES = 16

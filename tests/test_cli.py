@@ -5,7 +5,8 @@ from dataclasses import fields, is_dataclass
 
 import pytest
 
-from mae.cli import STAGES, build_parser, main
+from mae.cli import build_parser, main
+from mae.stages import get_stage, list_stages
 
 # What each stage needs before any option is looked at (so that the range check is what answers).
 REQUIRED = {
@@ -43,7 +44,7 @@ def bad_value(f) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
+@pytest.mark.parametrize("stage", list_stages())
 def test_help_describes_every_option(stage):
     parser = build_parser(stage)
     undocumented = [
@@ -56,9 +57,9 @@ def test_help_describes_every_option(stage):
     assert "Config(" not in parser.format_help()
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
+@pytest.mark.parametrize("stage", list_stages())
 def test_out_of_range_numbers_exit_2_with_one_line(stage, capsys):
-    cls = STAGES[stage][0]
+    cls = get_stage(stage).config
     checked = 0
     for name, f in ruled_fields(cls):
         value = bad_value(f)

@@ -59,7 +59,7 @@ def test_every_stage_runs_at_its_defaults(tmp_path, capsys):
 
 
 def test_auto_precision_takes_bf16_on_a_cpu_only_where_it_was_timed_faster(monkeypatch):
-    from mae.train import run
+    from mae.train import accelerator as run
 
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: False)
     for speedup, expected in ((0.5, "no"), (1.1, "no"), (run.BF16_PAYS, "bf16"), (2.2, "bf16")):
@@ -79,7 +79,7 @@ def test_every_process_of_a_cpu_run_takes_the_precision_of_the_slowest(tmp_path)
     script = tmp_path / "ranks.py"
     script.write_text(
         "import os\n"
-        "from mae.train import run\n"
+        "from mae.train import accelerator as run\n"
         "run.cpu_bf16_speedup = lambda: 2.2 if os.environ['RANK'] == '0' else 0.5\n"
         "choice = f\"{run.resolve_precision('auto')} {run.agreed_bf16_speedup()}\"\n"
         f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(choice)\n"
@@ -93,7 +93,7 @@ def test_every_process_of_a_cpu_run_takes_the_precision_of_the_slowest(tmp_path)
 
 
 def test_bf16_speedup_is_timed_where_the_cpu_has_bf16_and_zero_where_it_has_not(monkeypatch):
-    from mae.train import run
+    from mae.train import accelerator as run
 
     run.cpu_bf16_speedup.cache_clear()
     monkeypatch.setattr(run, "cpu_has_bf16", lambda: False)
@@ -108,7 +108,7 @@ def test_a_cpu_run_keeps_its_freed_host_memory_for_the_next_step():
     """A step's activations freed and allocated again must not be faulted in afresh, page by page."""
     script = (
         "import resource, torch\n"
-        "from mae.train.run import configure_speed\n"
+        "from mae.train.speed import configure_speed\n"
         "configure_speed(torch.nn.Linear(2, 2), 'cpu', 'no')\n"
         "def step():\n"
         "    acts = [torch.ones(6 * 2**20) for _ in range(4)]  # 4 x 24 MiB, every page written\n"
@@ -119,7 +119,7 @@ def test_a_cpu_run_keeps_its_freed_host_memory_for_the_next_step():
         "    step()\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
     )
-    from mae.train.run import keep_freed_memory
+    from mae.train.speed import keep_freed_memory
 
     if not keep_freed_memory():
         pytest.skip("not glibc's malloc")

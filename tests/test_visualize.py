@@ -6,8 +6,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 from mae.config import ConfigError
 from mae.data.sources import read_rgb
-from mae.train.stages import _read_images
-from mae.visualize import attention_grid, cls_attention, reconstruction_grid
+from mae.figures import attention_grid, cls_attention, reconstruction_grid
+from mae.stages.visualize import _read_images
 
 
 def test_cls_attention_is_the_last_blocks_softmax():

@@ -1,4 +1,5 @@
-"""Crash-safe Accelerate checkpoints: write to a temporary folder, then rename.
+"""Checkpoints and resume: crash-safe Accelerate checkpoints (written to a temporary folder, then renamed), which
+checkpoint a run continues from, and whether the output folder can hold them.
 
 A checkpoint folder `checkpoints/step_00001234` holds Accelerate's state (model, optimizer, RNG),
 `loop_state.json` (where the loop was) and `config.yaml` (what it was running), so it is
@@ -11,11 +12,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
 from accelerate import Accelerator
 
+from mae.config import flatten, to_dict
+from mae.errors import ConfigError
 from mae.run_folder import (
     CONFIG,
     LOOP_STATE,
@@ -105,3 +111,55 @@ def checkpoint_bytes(model, optimizer) -> int:
     )
     # Adam's moments are created on the first step: count them as two copies of the weights until then.
     return params + buffers + max(state, 2 * params)
+
+
+def check_output_dir(cfg: Any) -> None:
+    """The output folder can be created and written (tried, not guessed from permission bits)."""
+    out = Path(cfg.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # A name of its own: processes that start together on one folder must not delete each other's probe.
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
+        os.write(fd, b"ok")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"--output_dir {cfg.output_dir}: cannot write there ({e.strerror or e}); choose a folder you can write to"
+        ) from None
+    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+        raise ConfigError(f"--resume {cfg.resume}: no such checkpoint; use auto, never or a checkpoint folder")
+
+
+def find_resume_checkpoint(cfg: Any) -> Path | None:
+    """The checkpoint to continue from, after checking it ran the same config (epochs aside)."""
+    if cfg.resume == "never":
+        return None
+    found = list_checkpoints(cfg.output_dir)[-1:] if cfg.resume == "auto" else [Path(cfg.resume)]
+    if not found:
+        return None
+    ckpt = found[0]
+    saved = flatten(yaml.safe_load((ckpt / CONFIG).read_text()))
+    current = flatten(to_dict(cfg))
+    ignore = {"loop.epochs", "resume", "output_dir"}
+    changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))
+    if changed:
+        diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"--resume {cfg.resume}: {ckpt} was trained with a different config ({diffs}); "
+            "restore those options, or pass --resume never (or a new --output_dir) to start over"
+        )
+    return ckpt
+
+
+def check_disk_space(output_dir: Path, model: torch.nn.Module, optimizer: Any, keep: int) -> None:
+    """Refuse to start when the kept checkpoints, plus the one being written, cannot fit."""
+
+    need = checkpoint_bytes(model, optimizer) * (keep + 1)
+    free = shutil.disk_usage(output_dir).free
+    if free < need:
+        raise ConfigError(
+            f"--output_dir {output_dir}: {free / 2**30:.2f} GiB free, but {keep} checkpoints plus the one being "
+            f"written need {need / 2**30:.2f} GiB; free some space, lower --loop.keep_checkpoints, "
+            "or pick another folder"
+        )

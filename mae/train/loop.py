@@ -21,12 +21,11 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from mae.config import LoopConfig
-from mae.errors import TrainingError  # noqa: F401
+from mae.errors import TrainingError
 from mae.run_folder import checkpoint_dir
 from mae.train.checkpoint import save_checkpoint
 from mae.train.metrics import MetricsWriter, report_bad_files
-from mae.train.schedule import apply_lr, lr_at
-from mae.train.stream_loaders import StreamLoader
+from mae.train.optim import Schedule, apply_lr
 
 
 class Task(Protocol):
@@ -48,14 +47,6 @@ class LoopState:
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     nonfinite_steps: int = 0  # optimizer steps skipped for non-finite gradients (a non-finite loss), in total
     bad_files: list[str] = field(default_factory=list)  # files that failed to decode (as of the last log line)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    base_lr: float
-    min_lr: float
-    warmup_steps: int
-    total_steps: int
 
 
 class _StopRequest:
@@ -87,8 +78,7 @@ def fit(
     task: Task,
     *,
     accelerator: Accelerator,
-    loader: torch.utils.data.DataLoader,
-    sampler: Any,
+    loader: Any,
     optimizer: torch.optim.Optimizer,
     schedule: Schedule,
     loop: LoopConfig,
@@ -97,146 +87,164 @@ def fit(
     state: LoopState,
     clip_grad: float | None = None,
 ) -> LoopState:
-    """Train `task` until `loop.epochs`; returns the final `LoopState`."""
-    metrics = MetricsWriter(accelerator, output_dir)
-    steps_per_epoch = math.ceil(len(loader) / accelerator.gradient_accumulation_steps)
-    bar = tqdm(
-        total=schedule.total_steps,
-        initial=state.step,
-        disable=not (loop.progress and accelerator.is_main_process),
-        dynamic_ncols=True,
-        desc="train",
-    )
-    window = _Window(accelerator)
-    skips = _Skips(accelerator, optimizer)
-    # One process checks its own stop flag every step (no collective); several agree on it at log steps.
-    stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
-    first_step: float | None = time.perf_counter()
-    doctor = _LoaderDoctor(accelerator, loader)
-    last_readable: dict[str, Any] | None = None  # stands in for a batch of unreadable files (several processes)
+    """Train `task` until `loop.epochs`; returns the final `LoopState`. `loader` is a training loader
+    (`mae.train.loaders`: `len`, `epoch_batches(epoch, skip)`, `state_dict()`, `num_workers`)."""
+    run = _Run(task, accelerator, loader, optimizer, schedule, loop, output_dir, config_yaml, state, clip_grad)
+    with _StopRequest() as stop:
+        while state.epoch < loop.epochs:
+            run.epoch(stop)
+        run.bar.close()
+        if not checkpoint_dir(output_dir, state.step).exists():
+            run.checkpoint()
+    return state
 
-    def checkpoint() -> None:
-        skips.collect(state)
+
+class _Run:
+    """One call of `fit`: the epoch, the step, logging and checkpoints, over the state they share."""
+
+    def __init__(self, task, accelerator, loader, optimizer, schedule, loop, output_dir, config_yaml, state, clip):
+        self.task, self.accelerator, self.loader, self.optimizer = task, accelerator, loader, optimizer
+        self.schedule, self.loop, self.output_dir, self.config_yaml = schedule, loop, output_dir, config_yaml
+        self.state, self.clip_grad = state, clip or math.inf
+        self.metrics = MetricsWriter(accelerator, output_dir)
+        self.steps_per_epoch = math.ceil(len(loader) / accelerator.gradient_accumulation_steps)
+        self.bar = tqdm(
+            total=schedule.total_steps,
+            initial=state.step,
+            disable=not (loop.progress and accelerator.is_main_process),
+            dynamic_ncols=True,
+            desc="train",
+        )
+        self.window = _Window(accelerator)
+        self.skips = _Skips(accelerator, optimizer)
+        # One process checks its own stop flag every step (no collective); several agree on it at log steps.
+        self.stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
+        self.first_step: float | None = time.perf_counter()
+        self.doctor = _LoaderDoctor(accelerator, loader)
+        self.last_readable: dict[str, Any] | None = None  # stands in for a batch of unreadable files
+
+    def epoch(self, stop: _StopRequest) -> None:
+        """The rest of the current epoch, then its evaluation."""
+        state, acc = self.state, self.accelerator
+        batches = self.loader.epoch_batches(state.epoch, state.batch_in_epoch)
+        waiting = time.perf_counter()
+        batches_read, images_read = 0, 0  # in this pass over the epoch, on this process
+        for batch in batches:
+            self.window.wait += time.perf_counter() - waiting
+            state.batch_in_epoch += 1
+            batches_read += 1
+            images_read += self.micro_step(batch)
+            if acc.sync_gradients:
+                self.optimizer_step(stop)
+            waiting = time.perf_counter()
+        # skipping files must not train on nothing (every process takes part in both sums)
+        if _total(acc, images_read) == 0 and _total(acc, batches_read) > 0:
+            report_bad_files(acc, self.window.bad, state.bad_files)
+            raise TrainingError(
+                f"no image of epoch {state.epoch + 1} could be read: every file was skipped as unreadable "
+                f"({len(state.bad_files)} warned above, e.g. {state.bad_files[0] if state.bad_files else '?'}); "
+                "check --data.path (and --data.image_column)"
+            )
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        self.doctor.epoch_end()
+        self.evaluate()
+
+    def micro_step(self, batch: dict[str, Any]) -> int:
+        """Forward and backward of one batch (gradients accumulate); returns the images it trained on."""
+        acc = self.accelerator
+        self.window.bad.extend(batch.get("bad", []))
+        readable = batch.get("image", 0) is not None
+        if not readable and acc.num_processes > 1:
+            # every process must take part in the step's collectives: run a batch seen before, for no gradient
+            if self.last_readable is None:
+                raise TrainingError(
+                    f"process {acc.process_index} could read none of the images of its first batch, so it cannot "
+                    "take part in the step (the others wait on it); fix or remove the unreadable files warned above"
+                )
+            batch = self.last_readable
+        with acc.accumulate(self.task.model):
+            if readable or acc.num_processes > 1:
+                loss = self.task.forward(batch)["loss"]
+                # a non-finite loss makes non-finite gradients: skipped in `optimizer_step`
+                acc.backward(loss if readable else loss * 0.0)
+            if not readable:
+                return 0
+            self.window.add(loss, len(batch["image"]))
+            self.last_readable = batch
+            return len(batch["image"])
+
+    def optimizer_step(self, stop: _StopRequest) -> None:
+        """The update at the end of an accumulation, then logging, checkpoints and stop requests."""
+        state, acc = self.state, self.accelerator
+        lr = self.schedule.lr(state.step)
+        apply_lr(self.optimizer, lr)
+        self.skips.step(acc.clip_grad_norm_(self.task.model.parameters(), self.clip_grad))
+        self.optimizer.zero_grad(set_to_none=True)
+        self.task.after_step()
+        state.step += 1
+        self.bar.update(1)
+        if self.first_step is not None:
+            _report_first_step(acc, self.task.model, time.perf_counter() - self.first_step)
+            self.first_step = None
+        if state.step % self.loop.log_every == 0 or state.step == self.schedule.total_steps:
+            self.log(lr)
+        if state.step % self.loop.checkpoint_every == 0:
+            self.checkpoint()
+        if state.step % self.stop_every == 0 and _any(acc, stop.requested):
+            self.checkpoint()
+            acc.print(
+                f"\nstopped by signal at step {state.step}; checkpoint saved. Run the same command again to resume."
+            )
+            self.bar.close()
+            raise SystemExit(0)
+
+    def log(self, lr: float) -> None:
+        """A metrics line (and the end of a run of non-finite steps too long to go on)."""
+        state = self.state
+        run = self.skips.collect(state)
+        if run >= self.loop.max_nonfinite_steps:
+            raise TrainingError(
+                f"{run} non-finite losses in a row at step {state.step}; the last good checkpoint is kept in "
+                f"{self.output_dir}/checkpoints. Lower --optim.blr, set --optim.clip_grad, or try "
+                "--loop.mixed_precision no"
+            )
+        record = self.window.flush(state, lr, self.steps_per_epoch)
+        if len({g.get("lr_scale", 1.0) for g in self.optimizer.param_groups}) > 1:
+            record["group_lrs"] = [g["lr"] for g in self.optimizer.param_groups]
+        self.metrics.write(record)
+        self.doctor.check(record["data_wait"])
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{record['img_per_s']:.1f}")
+
+    def evaluate(self) -> None:
+        """The task's evaluation, when one is due after the epoch just finished."""
+        state, loop = self.state, self.loop
+        final = state.epoch == loop.epochs
+        if not (final or (loop.eval_every and state.epoch % loop.eval_every == 0)):
+            return
+        result = self.task.evaluate(state.epoch, final)
+        if result:
+            self.metrics.write({"step": state.step, "epoch": state.epoch, **result})
+            if self.accelerator.is_main_process:
+                tqdm.write(_eval_line(state.epoch, loop.epochs, result))
+
+    def checkpoint(self) -> None:
+        self.skips.collect(self.state)
         try:
             save_checkpoint(
-                accelerator,
-                output_dir,
-                state.step,
-                asdict(state),
-                config_yaml,
-                loop.keep_checkpoints,
-                process_state=loader.state_dict() if isinstance(loader, StreamLoader) else None,
+                self.accelerator,
+                self.output_dir,
+                self.state.step,
+                asdict(self.state),
+                self.config_yaml,
+                self.loop.keep_checkpoints,
+                process_state=self.loader.state_dict(),
             )
         except OSError as e:
             raise TrainingError(
-                f"could not save a checkpoint in {output_dir / 'checkpoints'} ({e.strerror or e}); the earlier "
-                "checkpoints there are complete: free some space, then run the same command to resume"
+                f"could not save a checkpoint in {self.output_dir / 'checkpoints'} ({e.strerror or e}); the "
+                "earlier checkpoints there are complete: free some space, then run the same command to resume"
             ) from None
-
-    with _StopRequest() as stop:
-        while state.epoch < loop.epochs:
-            batches = loader
-            if state.batch_in_epoch:  # a stream knows its position (restored with the checkpoint); others skip indices
-                n = state.batch_in_epoch
-                stream = isinstance(loader, StreamLoader)
-                batches = loader.skip_first_batches(n) if stream else accelerator.skip_first_batches(loader, n)
-            # Accelerate's loader re-sets its sampler's epoch from its own counter on every pass;
-            # give both ours, which is the truth after a resume.
-            batches.set_epoch(state.epoch)
-            sampler.set_epoch(state.epoch)
-            waiting = time.perf_counter()
-            batches_read, images_read = 0, 0  # in this pass over the epoch, on this process
-            for batch in batches:
-                window.wait += time.perf_counter() - waiting
-                state.batch_in_epoch += 1
-                batches_read += 1
-                window.bad.extend(batch.get("bad", []))
-                readable = batch.get("image", 0) is not None
-                if not readable and accelerator.num_processes > 1:
-                    # every process must take part in the step's collectives: run a batch seen before, for
-                    # no gradient of its own
-                    if last_readable is None:
-                        raise TrainingError(
-                            f"process {accelerator.process_index} could read none of the images of its first "
-                            "batch, so it cannot take part in the step (the others wait on it); fix or remove "
-                            "the unreadable files warned above"
-                        )
-                    batch = last_readable
-                with accelerator.accumulate(task.model):
-                    if readable or accelerator.num_processes > 1:
-                        loss = task.forward(batch)["loss"]
-                        # a non-finite loss makes non-finite gradients: skipped below
-                        accelerator.backward(loss if readable else loss * 0.0)
-                    if readable:
-                        window.add(loss, len(batch["image"]))
-                        images_read += len(batch["image"])
-                        last_readable = batch
-                    if accelerator.sync_gradients:
-                        lr = lr_at(
-                            state.step,
-                            base_lr=schedule.base_lr,
-                            total_steps=schedule.total_steps,
-                            warmup_steps=schedule.warmup_steps,
-                            min_lr=schedule.min_lr,
-                        )
-                        apply_lr(optimizer, lr)
-                        skips.step(accelerator.clip_grad_norm_(task.model.parameters(), clip_grad or math.inf))
-                        optimizer.zero_grad(set_to_none=True)
-                        task.after_step()
-                        state.step += 1
-                        bar.update(1)
-                        if first_step is not None:
-                            _report_first_step(accelerator, task.model, time.perf_counter() - first_step)
-                            first_step = None
-                        if state.step % loop.log_every == 0 or state.step == schedule.total_steps:
-                            run = skips.collect(state)
-                            if run >= loop.max_nonfinite_steps:
-                                raise TrainingError(
-                                    f"{run} non-finite losses in a row at step {state.step}; the last good "
-                                    f"checkpoint is kept in {output_dir}/checkpoints. Lower --optim.blr, set "
-                                    "--optim.clip_grad, or try --loop.mixed_precision no"
-                                )
-                            record = window.flush(state, lr, steps_per_epoch)
-                            if len({g.get("lr_scale", 1.0) for g in optimizer.param_groups}) > 1:
-                                record["group_lrs"] = [g["lr"] for g in optimizer.param_groups]
-                            metrics.write(record)
-                            doctor.check(record["data_wait"])
-                            bar.set_postfix(
-                                loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{record['img_per_s']:.1f}"
-                            )
-                        if state.step % loop.checkpoint_every == 0:
-                            checkpoint()
-                        if state.step % stop_every == 0 and _any(accelerator, stop.requested):
-                            checkpoint()
-                            accelerator.print(
-                                f"\nstopped by signal at step {state.step}; checkpoint saved. "
-                                "Run the same command again to resume."
-                            )
-                            bar.close()
-                            raise SystemExit(0)
-                waiting = time.perf_counter()
-            # skipping files must not train on nothing (every process takes part in both sums)
-            if _total(accelerator, images_read) == 0 and _total(accelerator, batches_read) > 0:
-                report_bad_files(accelerator, window.bad, state.bad_files)
-                raise TrainingError(
-                    f"no image of epoch {state.epoch + 1} could be read: every file was skipped as unreadable "
-                    f"({len(state.bad_files)} warned above, e.g. {state.bad_files[0] if state.bad_files else '?'}); "
-                    "check --data.path (and --data.image_column)"
-                )
-            state.epoch += 1
-            state.batch_in_epoch = 0
-            doctor.epoch_end()
-            final = state.epoch == loop.epochs
-            if final or (loop.eval_every and state.epoch % loop.eval_every == 0):
-                result = task.evaluate(state.epoch, final)
-                if result:
-                    metrics.write({"step": state.step, "epoch": state.epoch, **result})
-                    if accelerator.is_main_process:
-                        tqdm.write(_eval_line(state.epoch, loop.epochs, result))
-        bar.close()
-        if not checkpoint_dir(output_dir, state.step).exists():
-            checkpoint()
-    return state
 
 
 def _report_first_step(accelerator: Accelerator, model: torch.nn.Module, seconds: float) -> None:

@@ -9,10 +9,10 @@ import torch
 from accelerate import Accelerator
 
 from mae.data.transforms import normalize
+from mae.figures import reconstruction_grid, save_grid
 from mae.run_folder import PREVIEW, preview_path
+from mae.train.accelerator import plain_model
 from mae.train.features import predict, topk_accuracy
-from mae.train.run import plain_model
-from mae.visualize import reconstruction_grid, save_grid
 
 
 class PretrainTask:
@@ -37,6 +37,7 @@ class PretrainTask:
         self.output_dir = output_dir
         self.knn_monitor = knn_monitor
         self.preview_bands = preview_bands
+        self.last_evaluation: dict[str, Any] = {}
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -66,6 +67,7 @@ class PretrainTask:
         if self.knn_monitor is not None:
             with self.accelerator.autocast():
                 result.update({f"knn_{k}": v for k, v in self.knn_monitor(model.encoder).items()})
+        self.last_evaluation = result
         return result
 
 
@@ -94,6 +96,7 @@ class ClassifierTask:
         self.mixup = mixup
         self.ema = ema
         self.bad_val_files: list[str] = []
+        self.last_evaluation: dict[str, Any] = {}
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         x, y = batch["image"], batch["label"]
@@ -111,4 +114,5 @@ class ClassifierTask:
         model = self.ema.module if self.ema is not None else self.model
         logits, labels = predict(model, self.val_loader, self.accelerator, self.bad_val_files)
         loss = torch.nn.functional.cross_entropy(logits, labels).item()
-        return {"eval": "val", "loss": loss, **topk_accuracy(logits, labels), "samples": len(labels)}
+        self.last_evaluation = {"eval": "val", "loss": loss, **topk_accuracy(logits, labels), "samples": len(labels)}
+        return self.last_evaluation

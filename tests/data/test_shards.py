@@ -114,7 +114,7 @@ LOADER_SCRIPT = textwrap.dedent(
     from mae.config import PretrainConfig
     from mae.data.sources import open_source
     from mae.data.transforms import PretrainSamples, collate_samples
-    from mae.train.run import training_loader
+    from mae.train.loaders import training_loader
 
     acc = Accelerator(cpu=True)
     source = open_source(sys.argv[1])

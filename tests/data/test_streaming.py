@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from mae.cli import main
 from mae.data.streaming import StreamSamples, StreamSource
-from mae.train.stream_loaders import StreamLoader
+from mae.train.loaders import StreamLoader
 
 PRETRAIN = ["--model.name", "mae_vit_micro_patch8", "--model.img_size", "32", "--loop.progress", "false",
             "--loop.mixed_precision", "no", "--loop.log_every", "1", "--optim.warmup_epochs", "0.5",

@@ -142,7 +142,7 @@ def test_output_dir_checks_do_not_race(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
 
     from mae.config import PretrainConfig
-    from mae.train.run import check_output_dir
+    from mae.train.checkpoint import check_output_dir
 
     cfg = PretrainConfig(output_dir=str(tmp_path / "shared"))
     with ProcessPoolExecutor(2) as pool:

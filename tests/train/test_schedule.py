@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from mae.train.schedule import apply_lr, lr_at
+from mae.train.optim import apply_lr, lr_at
 
 
 def test_warmup_then_cosine():

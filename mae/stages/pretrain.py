@@ -1,4 +1,4 @@
-"""Wiring: a validated config in, a trained run out. Each stage is a few dozen lines over `fit`."""
+"""`mae pretrain`: masked-autoencoder pretraining of a ViT encoder, on folders, datasets, shards or streams."""
 
 from __future__ import annotations
 
@@ -8,29 +8,24 @@ from pathlib import Path
 
 import torch
 
-from mae.config import IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
+from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.models.decoder import DECODERS
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
-from mae.run_folder import ENCODER, PREVIEW, run_config
+from mae.run_folder import ENCODER, PREVIEW
+from mae.stages.registry import StageResult, register_stage
+from mae.train.accelerator import full_state_dict, open_accelerator, plain_model
+from mae.train.checkpoint import check_output_dir, find_resume_checkpoint
 from mae.train.features import KnnMonitor
-from mae.train.run import (
-    adamw,
-    check_output_dir,
-    find_resume_checkpoint,
-    full_state_dict,
-    launch,
-    open_accelerator,
-    plain_model,
-)
+from mae.train.optim import adamw
 from mae.train.tasks import PretrainTask
+from mae.train.trainer import train
 from mae.weights.export import describe_vit, save_encoder, timm_architecture
-from mae.weights.importers import load_pretrained
 
-PREVIEW_IMAGES = 8
+PREVIEW_IMAGES = 8  # images in the reconstruction previews
 
 
 def model_kwargs(cfg: PretrainConfig) -> dict:
@@ -121,17 +116,12 @@ def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
     return cfg
 
 
-def run_pretrain(cfg: PretrainConfig) -> Path:
-    """Pretrain per `cfg`; returns the output folder."""
+@register_stage("pretrain", PretrainConfig, "Pretrain a ViT encoder by masked autoencoding.", demo=DEMO_OVERRIDES)
+def run_pretrain(cfg: PretrainConfig) -> StageResult:
+    """Pretrain per `cfg`: the encoder goes to OUTPUT_DIR/encoder.safetensors."""
     validate_pretrain(cfg)
-    if cfg.data.streaming:
-        from mae.data.streaming import StreamSource
-
-        source = StreamSource(cfg.data.path or "", cfg.data.image_column)
-        head = source.head(1000)  # statistics and previews come from the stream's first examples
-    else:
-        source = head = open_source(cfg.data.path, cfg.data.image_column)
-    cfg = resolve_data_stats(cfg, head)
+    source, first = open_pretraining_data(cfg)
+    cfg = resolve_data_stats(cfg, first)
     output_dir = Path(cfg.output_dir)
     resume_from = find_resume_checkpoint(cfg)
     accelerator = open_accelerator(cfg)
@@ -149,14 +139,12 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         mask_ratio=cfg.model.mask_ratio,
         in_chans=cfg.model.in_chans,
     )
-    preview = _preview(samples, head)
-    decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
-    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
-    model, _ = launch(
+    preview = _preview(samples, first)
+    model, task = train(
         cfg,
         accelerator=accelerator,
         model=model,
-        dataset=samples,  # a stream's `launch` splits over processes
+        dataset=samples,
         collate_fn=collate_samples,
         num_workers=cfg.data.num_workers,
         optimizer=lambda m, lr: adamw(m, lr=lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)),
@@ -170,16 +158,36 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
             output_dir=output_dir,
             knn_monitor=knn_monitor(cfg, samples.img_size),
         ),
-        what=f"pretraining {arch} on {len(samples)} images "
-        f"({cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''})",
+        title=_title(cfg, model, len(samples)),
         resume_from=resume_from,
     )
     state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
+    path = output_dir / ENCODER
     if accelerator.is_main_process:
-        path = save_encoder(plain_model(accelerator, model), output_dir / ENCODER, to_dict(cfg), full_state=state)
+        save_encoder(plain_model(accelerator, model), path, to_dict(cfg), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
     accelerator.end_training()
-    return output_dir
+    return StageResult(output_dir, task.last_evaluation, path)
+
+
+def open_pretraining_data(cfg: PretrainConfig):
+    """(the training source, a random-access source of its first images): the same for map-style data; a
+    stream's first examples give the statistics and previews."""
+    if cfg.data.streaming:
+        from mae.data.streaming import StreamSource
+
+        source = StreamSource(cfg.data.path or "", cfg.data.image_column)
+        return source, source.head(1000)
+    source = open_source(cfg.data.path, cfg.data.image_column)
+    return source, source
+
+
+def _title(cfg: PretrainConfig, model, images: int) -> str:
+    """The start line's head: what is pretrained, on what."""
+    decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
+    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
+    where = f"{cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"
+    return f"pretraining {arch} on {images} images ({where})"
 
 
 def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | None:
@@ -218,80 +226,3 @@ def _preview_indices(source) -> list[int]:
     distinct = len(getattr(source, "images", [])) or len(source)
     n = min(PREVIEW_IMAGES, distinct)
     return [round(i * (distinct - 1) / max(1, n - 1)) for i in range(n)] if n > 1 else [0]
-
-
-def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> torch.Tensor:
-    """[N, C, H, W] (uint8 RGB for 3 channels, else float in [0, 1]): each image resized (short side) and
-    centre-cropped to `size`, read as training reads it; a folder gives its first `PREVIEW_IMAGES` images."""
-    from torchvision.transforms.v2 import functional as F
-
-    from mae.data.sources import ChannelError, iter_image_files, read_array, read_rgb
-    from mae.data.transforms import DECODE_ERRORS
-
-    images = []
-    listed = [sorted(iter_image_files(f))[:PREVIEW_IMAGES] if Path(f).is_dir() else [f] for f in files]
-    for folder, group in zip(files, listed, strict=True):
-        if not group:
-            raise ConfigError(f"--images {folder}: a folder without images")
-    for file in (f for group in listed for f in group):
-        try:
-            if in_chans == 3:
-                img = read_rgb(file)
-            else:
-                img = torch.from_numpy(read_array(file)).permute(2, 0, 1)
-        except ChannelError:  # an array (.npy, TIFF bands) of another channel count than the RGB model's
-            img = torch.from_numpy(read_array(file)).permute(2, 0, 1)
-        except (FileNotFoundError, *DECODE_ERRORS) as e:
-            raise ConfigError(f"--images {file}: cannot read this image ({e})") from None
-        if isinstance(img, torch.Tensor) and img.shape[0] != in_chans:
-            raise ConfigError(f"--images {file}: {img.shape[0]} channel(s), but the model takes {in_chans}")
-        img = F.center_crop(F.resize(img, min(size), interpolation=F.InterpolationMode.BICUBIC), list(size))
-        images.append(img if isinstance(img, torch.Tensor) else F.pil_to_tensor(img))
-    return torch.stack(images)
-
-
-def run_visualize(cfg) -> Path:
-    """Reconstructions (--checkpoint) or cls attention maps (--attention --pretrained); one PNG grid."""
-    from mae.visualize import attention_grid, reconstruction_grid, save_grid
-    from mae.weights.importers import CheckpointError
-
-    if cfg.attention:
-        from mae.weights.export import build_classifier, encoder_source
-
-        if not (cfg.pretrained or cfg.checkpoint):
-            raise ConfigError(
-                "--pretrained: required with --attention (an encoder export, output folder or checkpoint)"
-            )
-        try:
-            source = encoder_source(cfg.pretrained or cfg.checkpoint)
-        except (CheckpointError, FileNotFoundError) as e:
-            raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
-        vit, _, _ = build_classifier(source, 0)
-        size = tuple(source["args"]["img_size"])
-        try:
-            images = _read_images(cfg.images, size, source["args"].get("in_chans", 3))
-            grid = attention_grid(vit, images, tuple(source["mean"]), tuple(source["std"]))
-        except ValueError as e:  # e.g. an encoder without a class token
-            raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
-        path = save_grid(grid, cfg.output)
-        print(f"wrote {path} (cls attention of the last block, {len(cfg.images)} images)")
-        return path
-    if not cfg.checkpoint:
-        raise ConfigError("--checkpoint: required (a pretraining output folder or a checkpoint with a decoder)")
-    model = load_pretrained(cfg.checkpoint)
-    run = run_config(cfg.checkpoint) or {}
-    data = run.get("data", {})
-    mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
-    images = _read_images(cfg.images, model.img_size, model.in_chans)
-    if cfg.mask_ratio is not None:
-        model.mask_ratio = cfg.mask_ratio
-    masking = cfg.masking or run.get("model", {}).get("masking", "random")
-    check_masking(masking, model.grid_size, model.mask_ratio, "--masking")
-    g = torch.Generator().manual_seed(cfg.seed)
-    keep = num_visible(model.num_patches, model.mask_ratio)
-    noise = torch.stack([mask_generator(masking)(model.grid_size, keep, g) for _ in images])
-    bands = cfg.bands or data.get("preview_bands")
-    grid, loss = reconstruction_grid(model, images, noise, mean, std, bands)
-    path = save_grid(grid, cfg.output)
-    print(f"wrote {path} ({len(images)} images, loss {loss:.4f})")
-    return path

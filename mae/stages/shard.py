@@ -1,0 +1,49 @@
+"""`mae shard`: images written as WebDataset tar shards with an index, a `--data.path` for every stage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from mae.config import ShardConfig
+from mae.data.labeled import open_labeled
+from mae.data.shards import write_shards
+from mae.data.sources import open_source
+from mae.errors import DataError
+from mae.stages.registry import StageResult, register_stage
+
+
+@register_stage(
+    "shard",
+    ShardConfig,
+    "Write images as WebDataset tar shards with an index (a --data.path for every stage).",
+    positional={"source": "The images to shard (what --data.path reads)."},
+)
+def run_shard(cfg: ShardConfig) -> StageResult:
+    """Open `cfg.source` as --data.path would (labeled when asked, or when it can be), write it as shards."""
+    source = None
+    if cfg.labeled is not False:
+        try:
+            source = open_labeled(cfg.source, cfg.image_column, cfg.label_column, option="source")
+        except DataError:
+            if cfg.labeled:
+                raise
+    if source is None:
+        source = open_source(cfg.source, cfg.image_column)
+    what = f"{len(source)} images" + (f" in {len(source.classes)} classes" if hasattr(source, "classes") else "")
+    print(f"mae shard: {what} from {cfg.source} -> {cfg.output}", flush=True)
+    options = {k: v for k, v in asdict(cfg).items() if k != "output"}
+    index = write_shards(
+        source,
+        cfg.output,
+        samples_per_shard=cfg.samples_per_shard,
+        max_size=cfg.max_size,
+        seed=cfg.seed,
+        shuffle=cfg.shuffle,
+        options=options,
+    )
+    shards = json.loads(index.read_text())["shardlist"]
+    size = sum(s["filesize"] for s in shards) / 2**20
+    print(f"wrote {len(shards)} shards ({size:.1f} MiB) and {index}; use --data.path {cfg.output}")
+    return StageResult(output_dir=Path(cfg.output), export=index)

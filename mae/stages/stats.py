@@ -1,0 +1,20 @@
+"""`mae stats`: the per-channel mean and std of a data set (what `--data.mean auto` measures)."""
+
+from __future__ import annotations
+
+from mae.config import StatsConfig
+from mae.data.sources import open_source
+from mae.data.stats import channel_stats
+from mae.stages.registry import StageResult, register_stage
+
+
+@register_stage(
+    "stats", StatsConfig, "Print the per-channel mean and std of a data set (what --data.mean auto measures)."
+)
+def run_stats(cfg: StatsConfig) -> StageResult:
+    source = open_source(cfg.data.path, cfg.data.image_column)
+    mean, std = channel_stats(source, cfg.model.in_chans, samples=cfg.samples, seed=cfg.seed)
+    print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
+    print(f"mean {mean}\nstd  {std}")
+    print(f"--data.mean '{mean}' --data.std '{std}'")
+    return StageResult(metrics={"mean": mean, "std": std, "images": len(source)})

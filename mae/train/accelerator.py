@@ -1,0 +1,122 @@
+"""The Accelerator of a stage: precision (bf16 where it pays), trackers, CPU multi-process, seeding, and the
+views of the model that exports and previews need."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import set_seed
+
+
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 or AMX: a CPU that computes in bf16 at all (elsewhere bf16 is emulated and slow)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+BF16_PAYS = 1.25  # bf16 must run matrix products this much faster than fp32 for `auto` to take it
+
+
+@functools.cache
+def cpu_bf16_speedup(n: int = 1024, repeats: int = 5) -> float:
+    """How much faster this CPU multiplies n x n matrices in bf16 than in fp32 (~0.2 s, once per process).
+
+    Timed rather than read off the flags: with AVX512-BF16 and no AMX an AMD EPYC ran bf16 2.2x faster
+    than fp32 and an Intel Xeon (AMX not exposed to the VM) 0.5x, so the flags cannot tell the two apart.
+    Both warmed up twice, then timed in turns (best of `repeats` each) so a slow start hits neither alone.
+    """
+    if not cpu_has_bf16():
+        return 0.0
+    mats = {dtype: torch.randn(n, n).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    for a in (*mats.values(), *mats.values()):
+        a @ a  # warm-up: threads wake, oneDNN picks and caches its kernel
+    best = dict.fromkeys(mats, math.inf)
+    for _ in range(repeats):
+        for dtype, a in mats.items():
+            t = time.perf_counter()
+            a @ a
+            best[dtype] = min(best[dtype], time.perf_counter() - t)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+def resolve_precision(choice: str) -> str:
+    """`auto`: bf16 on GPUs that have it (else fp16); on a CPU bf16 only where it was timed to pay."""
+    if choice != "auto":
+        return choice
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if agreed_bf16_speedup() >= BF16_PAYS else "no"
+
+
+@functools.cache
+def agreed_bf16_speedup() -> float:
+    """`cpu_bf16_speedup`, the lowest over all processes of a multi-process CPU run, so that every rank takes
+    the same precision (each times its own cores). Starts the process group the Accelerator then joins."""
+    speedup = cpu_bf16_speedup()
+    if not _multi_process_cpu():
+        return speedup
+    PartialState(cpu=True)
+    lowest = torch.tensor([speedup], dtype=torch.float64)
+    torch.distributed.all_reduce(lowest, op=torch.distributed.ReduceOp.MIN)
+    return lowest.item()
+
+
+def describe_precision(choice: str, resolved: str) -> str:
+    """The precision for the start line; on a CPU under `auto`, with the timing that chose it."""
+    if choice != "auto" or torch.cuda.is_available() or not cpu_has_bf16():
+        return resolved
+    return f"{resolved} (auto: bf16 matrix products {agreed_bf16_speedup():.2f}x fp32 on this CPU)"
+
+
+def resolve_tracker(choice: str) -> str | None:
+    if choice == "auto":
+        found = importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+        return "tensorboard" if found else None
+    return None if choice == "none" else choice
+
+
+def _multi_process_cpu() -> bool:
+    """torchrun / accelerate launch without GPUs: Accelerate needs cpu=True to use gloo."""
+    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def open_accelerator(cfg: Any) -> Accelerator:
+    """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`."""
+    accelerator = Accelerator(
+        mixed_precision=resolve_precision(cfg.loop.mixed_precision),
+        gradient_accumulation_steps=cfg.loop.accum_steps,
+        log_with=resolve_tracker(cfg.loop.log_with),
+        project_dir=str(cfg.output_dir),
+        cpu=_multi_process_cpu(),
+    )
+    set_seed(cfg.seed)
+    return accelerator
+
+
+def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as one state dict, whatever holds them: under FSDP or DeepSpeed ZeRO-3
+    this gathers the shards, so every process must call it. Keys are the plain model's."""
+    return accelerator.get_state_dict(getattr(model, "_orig_mod", model))  # the prepared module under compile
+
+
+def plain_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` without Accelerate's or torch.compile's wrappers: for exports, previews and EMA."""
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
+
+
+def warn(accelerator: Accelerator, message: str) -> None:
+    """A warning about the run's settings, once (main process), on stderr."""
+    if accelerator.is_main_process:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
