@@ -127,7 +127,8 @@ def check_output_dir(cfg: Any) -> None:
         raise ConfigError(
             f"--output_dir {cfg.output_dir}: cannot write there ({e.strerror or e}); choose a folder you can write to"
         ) from None
-    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+    resume = getattr(cfg, "resume", "never")  # a stage that trains nothing (k-NN) has no checkpoints
+    if resume not in ("auto", "never") and not Path(resume).exists():
         raise ConfigError(f"--resume {cfg.resume}: no such checkpoint; use auto, never or a checkpoint folder")
 
 
