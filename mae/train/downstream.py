@@ -19,7 +19,8 @@ from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, L
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
 from mae.data.labeled import eval_transform as labeled_eval_transform
 from mae.data.streaming import StreamSamples, StreamSource
-from mae.models.classifier import LinearProbe, fold_probe_head, freeze_first_blocks, probe_head
+from mae.models.classifier import LinearProbe, build_classifier, fold_probe_head, freeze_first_blocks, probe_head
+from mae.models.encoder import EncoderSpec, encoder_adapter
 from mae.run_folder import CLASSES, CLASSIFIER, CONFIG, METRICS
 from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.metrics import MetricsWriter
@@ -40,15 +41,15 @@ from mae.train.run import (
 )
 from mae.train.stream_loaders import EvalStream
 from mae.train.tasks import ClassifierTask
-from mae.weights.export import build_classifier, describe_vit, encoder_source, save_classifier
-from mae.weights.importers import CheckpointError
+from mae.weights.classifier import save_classifier
+from mae.weights.importers import CheckpointError, read_encoder
 
 
 @dataclass
 class Setup:
     """What every downstream stage starts from."""
 
-    source: dict[str, Any]  # the encoder (see `encoder_source`)
+    source: EncoderSpec  # the encoder (see `read_encoder`)
     train_src: Any
     val_src: Any
     classes: list[str]
@@ -67,7 +68,7 @@ def begin(cfg: Any) -> Setup:
     train_src, val_src = labeled_splits(cfg)
     size, mean, std = _input(cfg, source)
     resume_from = find_resume_checkpoint(cfg)
-    in_chans = source["args"].get("in_chans", 3)
+    in_chans = source.in_chans
     return Setup(
         source,
         train_src,
@@ -95,9 +96,9 @@ def validate(cfg: Any) -> None:
     check_output_dir(cfg)
 
 
-def load_source(cfg: Any) -> dict[str, Any]:
+def load_source(cfg: Any) -> EncoderSpec:
     try:
-        source = encoder_source(cfg.pretrained, cfg.model.img_size)
+        source = read_encoder(cfg.pretrained, cfg.model.img_size, seed=cfg.seed)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
     return source
@@ -131,11 +132,11 @@ def labeled_splits(cfg: Any):
     return split(train_src, d.val_fraction, cfg.seed)
 
 
-def _input(cfg: Any, source: dict[str, Any]) -> tuple[tuple[int, int], tuple, tuple]:
-    size = cfg.model.img_size or source["args"]["img_size"]
+def _input(cfg: Any, source: EncoderSpec) -> tuple[tuple[int, int], tuple, tuple]:
+    size = cfg.model.img_size or source.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
-    mean = tuple(cfg.data.mean or source["mean"])
-    std = tuple(cfg.data.std or source["std"])
+    mean = tuple(cfg.data.mean or source.mean)
+    std = tuple(cfg.data.std or source.std)
     return size, mean, std
 
 
@@ -296,7 +297,7 @@ def run_linprobe(cfg: LinprobeConfig) -> Path:
             m, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val
         ),
         what=(
-            f"linear probe of a {describe_vit(args)} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
+            f"linear probe of a {encoder_adapter(encoder).describe()} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
             f"{len(train_ds)} images, {len(classes)} classes"
         ),
         resume_from=setup.resume_from,
@@ -370,7 +371,7 @@ def run_finetune(cfg: FinetuneConfig) -> Path:
             m, lr=lr, weight_decay=o.weight_decay, betas=tuple(o.betas), layer_decay=o.layer_decay
         ),
         task=task,
-        what=f"fine-tuning a {describe_vit(args)} on {len(train_ds)} images, {len(classes)} classes",
+        what=f"fine-tuning a {encoder_adapter(model).describe()} on {len(train_ds)} images, {len(classes)} classes",
         resume_from=setup.resume_from,
         val_loader=val_loader,
     )

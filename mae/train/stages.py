@@ -12,7 +12,7 @@ from mae.config import IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig,
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
-from mae.models.decoder import DECODERS
+from mae.models.decoder import PixelDecoder, check_decoder
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.run_folder import ENCODER, PREVIEW, run_config
@@ -27,7 +27,7 @@ from mae.train.run import (
     plain_model,
 )
 from mae.train.tasks import PretrainTask
-from mae.weights.export import describe_vit, save_encoder, timm_architecture
+from mae.weights.export import save_encoder
 from mae.weights.importers import load_pretrained
 
 PREVIEW_IMAGES = 8
@@ -78,13 +78,10 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
                 f"--model.{ratio} {arch[ratio]}: leaves no MLP unit at width {arch[width]}; "
                 f"use at least {1 / arch[width]:.3g}"
             )
-    if cfg.model.decoder not in DECODERS:
-        raise ConfigError(f"--model.decoder {cfg.model.decoder}: choose one of {', '.join(sorted(DECODERS))}")
-    if cfg.model.decoder != "cross" and cfg.model.predict_ratio != 1:
-        raise ConfigError(
-            f"--model.predict_ratio {cfg.model.predict_ratio}: the mae decoder predicts every masked patch; "
-            "use --model.decoder cross to predict a fraction of them"
-        )
+    try:
+        check_decoder(cfg.model.decoder, predict_ratio=cfg.model.predict_ratio)
+    except ValueError as e:
+        raise ConfigError(f"--model.decoder {cfg.model.decoder}: {e}") from None
     check_masking(cfg.model.masking, (hw[0] // patch, hw[1] // patch), cfg.model.mask_ratio, "--model.masking")
     check_output_dir(cfg)
 
@@ -150,8 +147,10 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         in_chans=cfg.model.in_chans,
     )
     preview = _preview(samples, head)
-    decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
-    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
+    dec = model.decoder
+    size = f" {dec.embed.out_features} x {len(dec.blocks)}" if isinstance(dec, PixelDecoder) else ""
+    decoder = f"{cfg.model.decoder} decoder{size}"
+    arch = f"{cfg.model.name}: {model.adapter.describe()}, {decoder}, {cfg.model.masking} masking"
     model, _ = launch(
         cfg,
         accelerator=accelerator,
@@ -256,21 +255,21 @@ def run_visualize(cfg) -> Path:
     from mae.weights.importers import CheckpointError
 
     if cfg.attention:
-        from mae.weights.export import build_classifier, encoder_source
+        from mae.models.classifier import build_classifier
+        from mae.weights.importers import read_encoder
 
         if not (cfg.pretrained or cfg.checkpoint):
             raise ConfigError(
                 "--pretrained: required with --attention (an encoder export, output folder or checkpoint)"
             )
         try:
-            source = encoder_source(cfg.pretrained or cfg.checkpoint)
+            spec = read_encoder(cfg.pretrained or cfg.checkpoint)
         except (CheckpointError, FileNotFoundError) as e:
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
-        vit, _, _ = build_classifier(source, 0)
-        size = tuple(source["args"]["img_size"])
+        vit, _, _ = build_classifier(spec, 0)
         try:
-            images = _read_images(cfg.images, size, source["args"].get("in_chans", 3))
-            grid = attention_grid(vit, images, tuple(source["mean"]), tuple(source["std"]))
+            images = _read_images(cfg.images, spec.img_size, spec.in_chans)
+            grid = attention_grid(vit, images, spec.mean, spec.std)
         except ValueError as e:  # e.g. an encoder without a class token
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         path = save_grid(grid, cfg.output)
