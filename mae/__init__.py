@@ -10,6 +10,7 @@ from mae.errors import CheckpointError, ConfigError, DataError, MaeError, Traini
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.stages import StageResult, list_stages, register_stage
 from mae.version import __version__
+from mae.weights.classifier import load_classifier
 from mae.weights.export import export_encoder, load_encoder
 from mae.weights.importers import load_pretrained
 
@@ -32,6 +33,7 @@ __all__ = [
     "linprobe",
     "list_presets",
     "list_stages",
+    "load_classifier",
     "load_encoder",
     "load_pretrained",
     "pretrain",

@@ -55,7 +55,7 @@ def _options(values: dict[str, Any], stage: Any) -> list[str]:
         elif key in stage.lists:
             words += [f"--{key}", *map(str, value if isinstance(value, (list, tuple)) else [value])]
         else:
-            words += [f"--{key}", value if isinstance(value, str) else json.dumps(_jsonable(value))]
+            words += [f"--{key}", str(value) if isinstance(value, (str, Path)) else json.dumps(_jsonable(value))]
     return words
 
 

@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torchvision.utils import make_grid, save_image
 
 from mae.data.transforms import denormalize, normalize
-from mae.models import MaskedAutoencoder
+from mae.models import MaskedAutoencoder, encoder_adapter
 
 
 @torch.no_grad()
@@ -73,12 +73,13 @@ def cls_attention(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
 
     Read with timm's `AttentionExtract` from the last block's attention weights (its explicit path,
     where the softmax passes through `attn_drop`)."""
-    if vit.cls_token is None:
+    adapter = encoder_adapter(vit)
+    if not adapter.has_class_token:
         raise ValueError("this encoder has no class token, so it has no cls attention to show")
     from timm.utils import AttentionExtract
 
-    last = len(vit.blocks) - 1
-    attn = vit.blocks[last].attn
+    last = adapter.depth - 1
+    attn = vit.blocks[last].attn  # ViT-specific: the attention module's name and its `fused_attn` switch are timm's
     fused, attn.fused_attn = attn.fused_attn, False
     try:
         weights = next(
@@ -86,8 +87,8 @@ def cls_attention(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
         )
     finally:
         attn.fused_attn = fused
-    gh, gw = vit.patch_embed.grid_size
-    return weights[:, :, 0, vit.num_prefix_tokens :].reshape(len(images), -1, gh, gw)
+    gh, gw = adapter.grid_size
+    return weights[:, :, 0, adapter.num_prefix_tokens :].reshape(len(images), -1, gh, gw)
 
 
 def attention_grid(

@@ -68,7 +68,7 @@ def build_transformers(ours: mae.MaskedAutoencoder, device: str):
     """transformers' ViTMAE with the same architecture as `ours`, read off our modules."""
     from transformers import ViTMAEConfig, ViTMAEForPreTraining
 
-    enc, dec = ours.encoder, ours.decoder
+    enc, dec = ours.adapter, ours.decoder
     cfg = ViTMAEConfig(
         image_size=ours.img_size[0] if len(set(ours.img_size)) == 1 else tuple(ours.img_size),
         patch_size=ours.patch_size,
@@ -76,9 +76,9 @@ def build_transformers(ours: mae.MaskedAutoencoder, device: str):
         mask_ratio=ours.mask_ratio,
         norm_pix_loss=ours.norm_pix_loss,
         hidden_size=enc.embed_dim,
-        num_hidden_layers=len(enc.blocks),
-        num_attention_heads=enc.blocks[0].attn.num_heads,
-        intermediate_size=enc.blocks[0].mlp.fc1.out_features,
+        num_hidden_layers=enc.depth,
+        num_attention_heads=enc.num_heads,
+        intermediate_size=ours.encoder.blocks[0].mlp.fc1.out_features,  # ViT-specific, as ViTMAE is a ViT
         decoder_hidden_size=dec.embed.out_features,
         decoder_num_hidden_layers=len(dec.blocks),
         decoder_num_attention_heads=dec.blocks[0].attn.num_heads,

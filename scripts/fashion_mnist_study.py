@@ -273,7 +273,8 @@ def block_features(encoder: torch.nn.Module, images: torch.Tensor, mean: list, s
     The gray images are given as many channels as the encoder reads, normalised per channel."""
     out: dict[str, list[torch.Tensor]] = {}
     encoder.eval()
-    channels = encoder.patch_embed.proj.in_channels
+    adapter = mae.models.encoder_adapter(encoder)
+    channels = adapter.in_chans
     m, s = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in (mean, std))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for batch in images.split(500):
@@ -281,7 +282,7 @@ def block_features(encoder: torch.nn.Module, images: torch.Tensor, mean: list, s
             final, inter = encoder.forward_intermediates(
                 x, indices=len(encoder.blocks), return_prefix_tokens=True, output_fmt="NLC"
             )
-            feats = {"final": final[:, encoder.num_prefix_tokens :].mean(1), "cls": final[:, 0]}
+            feats = {"final": final[:, adapter.num_prefix_tokens :].mean(1), "cls": final[:, 0]}
             feats.update({f"block{i + 1}": tokens.mean(1) for i, (tokens, _) in enumerate(inter)})
             for k, v in feats.items():
                 out.setdefault(k, []).append(v.float())
@@ -295,8 +296,8 @@ def layers(args: argparse.Namespace) -> None:
     pretrained = out / f"seed{seed}" / "pretrain"
     if not (pretrained / "encoder.safetensors").exists():
         sys.exit(f"{pretrained}/encoder.safetensors: not found; run the study for seed {seed} first")
-    stats = mae.weights.export.encoder_source(str(pretrained))  # the statistics the encoder was pretrained with
-    mean, std = stats["mean"], stats["std"]
+    spec = mae.weights.importers.read_encoder(str(pretrained))  # the statistics the encoder was pretrained with
+    mean, std = list(spec.mean), list(spec.std)
     (xfit, yfit), (xval, yval) = load_split(data, "fit"), load_split(data, "val")
     rand = random_encoder(out / f"seed{seed}" / "random_encoder.safetensors", seed)  # the study's, rebuilt
     encoders = {"MAE": pretrained, "random init": rand}

@@ -11,7 +11,6 @@ from timm.layers import resample_abs_pos_embed
 
 import mae
 from mae.cli import main
-from mae.weights.export import timm_architecture
 from mae.weights.importers import CheckpointError
 
 SMALL = dict(img_size=32, patch_size=8, depth=2, decoder_depth=1)
@@ -71,8 +70,8 @@ def test_hf_folder_is_what_timm_reads(tmp_path):
 
 
 def test_timm_architecture_names_the_standard_models():
-    assert timm_architecture(mae.create_mae("mae_vit_base_patch16", depth=1))[0] == "vit_base_patch16_224"
-    assert timm_architecture(mae.create_mae("mae_vit_huge_patch14", depth=1))[0] == "vit_huge_patch14_224"
+    assert mae.create_mae("mae_vit_base_patch16", depth=1).adapter.timm_architecture()[0] == "vit_base_patch16_224"
+    assert mae.create_mae("mae_vit_huge_patch14", depth=1).adapter.timm_architecture()[0] == "vit_huge_patch14_224"
 
 
 def test_cli_export_from_an_output_folder(tmp_path, capsys):

@@ -1,10 +1,62 @@
-"""Probing parts: the paper's linear-probe head and a probe whose encoder stays frozen."""
+"""Classifiers over a pretrained encoder: the timm classifier built from an `EncoderSpec`, the paper's
+linear-probe head, a probe whose encoder stays frozen, and partial fine-tuning."""
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
+import timm
 import torch
 from timm.models import group_parameters
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
+
+from mae.errors import CheckpointError
+from mae.models.encoder import EncoderSpec
+
+
+def build_classifier(
+    spec: EncoderSpec,
+    num_classes: int,
+    *,
+    img_size: int | tuple[int, int] | None = None,
+    global_pool: str = "token",
+    fc_norm: bool | None = None,
+    drop_path_rate: float = 0.0,
+) -> tuple[VisionTransformer, str, dict[str, Any]]:
+    """A timm model with the encoder's weights and a fresh head; returns (model, arch, model args).
+
+    With average pooling and `fc_norm` (timm's default for "avg", the paper's fine-tuning), the
+    encoder's final norm is dropped and `fc_norm` starts fresh, as the official code does.
+    A different `img_size` resamples the position embedding (timm's checkpoint filter). The head,
+    `fc_norm`, `global_pool` and the checkpoint filter are timm ViT's (no adapter method covers them).
+    """
+    if global_pool == "token" and not spec.has_class_token:
+        warnings.warn(f"{spec.arch} has no class token: pooling the patch tokens' average instead", stacklevel=2)
+        global_pool = "avg"
+    args = {**spec.args, "global_pool": global_pool, "drop_path_rate": drop_path_rate}
+    if fc_norm is not None:
+        args["fc_norm"] = fc_norm
+    if img_size is not None:
+        args["img_size"] = [img_size, img_size] if isinstance(img_size, int) else list(img_size)
+    model = timm.create_model(spec.arch, pretrained=False, num_classes=num_classes, **args)
+    state = checkpoint_filter_fn(dict(spec.state), model)
+    for name in ("norm", "fc_norm"):  # norms this classifier does not have
+        if isinstance(getattr(model, name), nn.Identity):
+            state = {k: v for k, v in state.items() if not k.startswith(f"{name}.")}
+    result = model.load_state_dict(state, strict=False)
+    # Fresh: the head, fc_norm, and the final norm of an encoder that had none (timm's "gap" ViTs).
+    new = ("head.", "fc_norm.") + (("norm.",) if "norm.weight" not in spec.state else ())
+    fresh = [k for k in result.missing_keys if not k.startswith(new)]
+    if fresh or result.unexpected_keys:
+        raise CheckpointError(
+            f"the encoder does not fit {spec.arch}: missing {fresh}, unexpected {result.unexpected_keys}"
+        )
+    if num_classes:
+        nn.init.zeros_(model.head.bias)
+    args = {k: v for k, v in args.items() if k != "drop_path_rate"}
+    return model, spec.arch, args
 
 
 def probe_head(num_features: int, num_classes: int) -> nn.Sequential:

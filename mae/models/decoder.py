@@ -3,12 +3,20 @@
 `decoder(latent [N, P + K, D], ids_restore [N, L]) -> (pred [N, L, p*p*C], predicted [N, L])`, where
 `predicted` (1 = predicted) tells the loss which patches have a prediction. `mae` is the paper's
 decoder (self-attention over all patches); `cross` is CrossMAE's (cross-attention, a chosen fraction of
-the masked patches). A new decoder is one class plus one `DECODERS` line.
+the masked patches). A new decoder is one class under `@register_decoder(name)`, from this package or
+from outside it.
+
+The MAE builds a decoder as `cls(grid_size=, patch_size=, in_chans=, embed_dim=, num_prefix_tokens=,
+decoder_embed_dim=, decoder_depth=, decoder_num_heads=, mlp_ratio=, predict_ratio=)` (a decoder may take
+`**kwargs` for those it ignores). A classmethod `check_options(**options)` may reject options before any
+model is built (`check_decoder`), with a one-line ValueError.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +26,38 @@ from torch import nn
 
 from mae.models.encoder import set_sincos_pos_embed
 from mae.models.masking import gather_tokens
+
+_DECODERS: dict[str, type[nn.Module]] = {}
+D = TypeVar("D", bound=type[nn.Module])
+
+
+def register_decoder(name: str) -> Callable[[D], D]:
+    """Class decorator: `--model.decoder NAME` / `create_mae(..., decoder=NAME)` builds this class."""
+
+    def add(cls: D) -> D:
+        _DECODERS[name] = cls
+        return cls
+
+    return add
+
+
+def list_decoders() -> list[str]:
+    """The registered decoder names."""
+    return sorted(_DECODERS)
+
+
+def decoder_class(name: str) -> type[nn.Module]:
+    """The decoder registered as `name`; ValueError naming the choices otherwise."""
+    if name not in _DECODERS:
+        raise ValueError(f"unknown decoder '{name}'; choose one of: {', '.join(list_decoders())}")
+    return _DECODERS[name]
+
+
+def check_decoder(name: str, **options: Any) -> None:
+    """ValueError (one line) when `name` is unknown or rejects `options` (e.g. `predict_ratio`)."""
+    check = getattr(decoder_class(name), "check_options", None)
+    if check is not None:
+        check(**options)
 
 
 class PixelDecoder(nn.Module):
@@ -41,10 +81,10 @@ class PixelDecoder(nn.Module):
         predict_ratio: float = 1.0,
     ) -> None:
         super().__init__()
-        if not 0 < predict_ratio <= 1:
-            raise ValueError(f"predict_ratio must be in (0, 1], got {predict_ratio}")
+        self.check_options(predict_ratio=predict_ratio)
         self.num_prefix_tokens = num_prefix_tokens
         self.predict_ratio = predict_ratio
+        self.num_heads = decoder_num_heads
         self.embed = nn.Linear(embed_dim, decoder_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
         self.pos_embed = nn.Parameter(
@@ -55,17 +95,31 @@ class PixelDecoder(nn.Module):
         self.norm = nn.LayerNorm(decoder_embed_dim, eps=1e-6)
         self.pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans)
 
+    @classmethod
+    def check_options(cls, predict_ratio: float = 1.0, **_: Any) -> None:
+        """ValueError when the options do not fit this decoder."""
+        if not 0 < predict_ratio <= 1:
+            raise ValueError(f"predict_ratio must be in (0, 1], got {predict_ratio}")
+
     def make_blocks(self, dim: int, depth: int, num_heads: int, mlp_ratio: float) -> nn.Module:
         raise NotImplementedError
 
 
+@register_decoder("mae")
 class MAEDecoder(PixelDecoder):
     """The paper's decoder: encoder tokens plus a mask token for every removed patch, unshuffled to the
     patch order, with positions, through timm blocks (self-attention over every patch)."""
 
+    @classmethod
+    def check_options(cls, predict_ratio: float = 1.0, **options: Any) -> None:
+        super().check_options(predict_ratio, **options)
+        if predict_ratio != 1:
+            raise ValueError(
+                f"predict_ratio {predict_ratio}: the mae decoder predicts every masked patch; "
+                "use --model.decoder cross to predict a fraction of them"
+            )
+
     def make_blocks(self, dim: int, depth: int, num_heads: int, mlp_ratio: float) -> nn.Module:
-        if self.predict_ratio != 1.0:
-            raise ValueError("the mae decoder predicts every masked patch: predict_ratio 1 (or decoder 'cross')")
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
         return nn.Sequential(
             *[
@@ -131,6 +185,7 @@ class CrossBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+@register_decoder("cross")
 class CrossDecoder(PixelDecoder):
     """CrossMAE's decoder (Fu et al., 2024): mask tokens for a fraction of the masked patches attend to the
     encoder's tokens, never to each other, and only they are predicted.
@@ -161,6 +216,3 @@ class CrossDecoder(PixelDecoder):
         pred = out.new_zeros(n, length, out.shape[-1]).scatter(1, ids_pred.unsqueeze(-1).expand_as(out), out)
         predicted = torch.zeros(n, length, device=out.device).scatter(1, ids_pred, 1.0)
         return pred, predicted
-
-
-DECODERS: dict[str, type[nn.Module]] = {"mae": MAEDecoder, "cross": CrossDecoder}

@@ -4,7 +4,12 @@ The MAE never touches a backbone's attributes. It asks an `EncoderAdapter` to em
 (with their positions, plus the backbone's prefix tokens), runs the adapter's blocks on the prefix
 tokens and the kept patches, and takes its norm. `TimmViT` implements that once for timm's
 `VisionTransformer`, whatever its prefix tokens (a class token, register tokens, both, or none).
-A new backbone family is one file: a subclass of `EncoderAdapter` plus `register_encoder(cls)`.
+A new backbone family is one file: a subclass of `EncoderAdapter` plus `register_encoder(cls)`. The adapter
+also reports the backbone's facts (patch and grid size, prefix tokens, width, depth, heads, the timm
+architecture that rebuilds it), so export, import, the classifiers and the pictures ask it, never the module.
+`encoder_adapter(module)` works on any registered backbone, an MAE's encoder or a bare timm classifier.
+
+`EncoderSpec` is an encoder as the downstream stages receive it: weights, architecture, statistics.
 
 The encoder module itself stays the timm model (not a copy or a wrapper), so it exports with timm's
 key names and `forward_features` is timm's own code path.
@@ -12,10 +17,14 @@ key names and `forward_features` is timm's own code path.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
 
 import timm
 import torch
+from timm.layers import Mlp
 from timm.models import checkpoint_seq
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
@@ -38,7 +47,58 @@ class EncoderAdapter(ABC):
 
     @property
     @abstractmethod
-    def embed_dim(self) -> int: ...
+    def has_class_token(self) -> bool:
+        """Whether the first prefix token is a class token (what "token" pooling and cls attention read)."""
+
+    @property
+    @abstractmethod
+    def embed_dim(self) -> int:
+        """The token width D."""
+
+    @property
+    @abstractmethod
+    def depth(self) -> int:
+        """The number of transformer blocks."""
+
+    @property
+    @abstractmethod
+    def num_heads(self) -> int:
+        """Attention heads per block."""
+
+    @property
+    @abstractmethod
+    def patch_size(self) -> tuple[int, int]:
+        """A patch's (height, width) in pixels."""
+
+    @property
+    @abstractmethod
+    def grid_size(self) -> tuple[int, int]:
+        """Patches per (column, row) at the module's input size: L = gh * gw."""
+
+    @property
+    @abstractmethod
+    def in_chans(self) -> int:
+        """Input channels."""
+
+    @abstractmethod
+    def timm_architecture(self) -> tuple[str, dict[str, Any]]:
+        """(a timm architecture name, the model args that make it exactly this backbone, without head):
+        `timm.create_model(name, num_classes=0, **args)` rebuilds it, key for key."""
+
+    family: str = "encoder"  # the backbone family in words, for `describe`
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        """The input (height, width) the module was built for."""
+        (gh, gw), (ph, pw) = self.grid_size, self.patch_size
+        return gh * ph, gw * pw
+
+    def describe(self) -> str:
+        """The backbone in words, e.g. "ViT 192 wide, 12 blocks, patch 8, 64x64" (an architecture's name
+        fixes a patch size and input that the model args may change)."""
+        (h, w), (ph, pw) = self.img_size, self.patch_size
+        patch = ph if ph == pw else f"{ph}x{pw}"
+        return f"{self.family} {self.embed_dim} wide, {self.depth} blocks, patch {patch}, {h}x{w}"
 
     @abstractmethod
     def embed(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,14 +140,62 @@ class TimmViT(EncoderAdapter):
     prefix tokens or not (`no_embed_class`), exactly as timm's own forward adds them."""
 
     module_type = VisionTransformer
+    family = "ViT"
 
     @property
     def num_prefix_tokens(self) -> int:
         return self.module.num_prefix_tokens
 
     @property
+    def has_class_token(self) -> bool:
+        return self.module.cls_token is not None
+
+    @property
     def embed_dim(self) -> int:
         return self.module.embed_dim
+
+    @property
+    def depth(self) -> int:
+        return len(self.module.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.module.blocks[0].attn.num_heads
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        p = self.module.patch_embed.patch_size
+        return (p, p) if isinstance(p, int) else (int(p[0]), int(p[1]))
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        gh, gw = self.module.patch_embed.grid_size
+        return int(gh), int(gw)
+
+    @property
+    def in_chans(self) -> int:
+        return self.module.patch_embed.proj.in_channels
+
+    def timm_architecture(self) -> tuple[str, dict[str, Any]]:
+        vit = self.module
+        ph, pw = self.patch_size
+        args: dict[str, Any] = {
+            "img_size": list(self.img_size),
+            "patch_size": ph if ph == pw else [ph, pw],
+            "in_chans": self.in_chans,
+            "embed_dim": self.embed_dim,
+            "depth": self.depth,
+            "num_heads": self.num_heads,
+        }
+        mlp = vit.blocks[0].mlp
+        if type(mlp) is Mlp:  # timm's plain MLP, whose width is embed_dim * mlp_ratio; gated MLPs keep the arch's
+            args["mlp_ratio"] = _ratio(mlp.fc1.out_features, self.embed_dim)
+        # The prefix tokens too, so a model built with other ones than its architecture's rebuilds as it is.
+        args.update(class_token=self.has_class_token, reg_tokens=vit.num_reg_tokens, global_pool=vit.global_pool)
+        name = (getattr(vit, "pretrained_cfg", None) or {}).get("architecture")
+        if not name:
+            raise ValueError("this ViT was not built by timm.create_model, so no timm architecture names it")
+        return name, args
 
     def embed(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vit = self.module
@@ -110,6 +218,14 @@ class TimmViT(EncoderAdapter):
         set_sincos_pos_embed(self.module.pos_embed, grid_size)  # no prefix rows with no_embed_class
 
 
+def _ratio(hidden: int, dim: int) -> float:
+    """The mlp_ratio for which timm's `int(dim * mlp_ratio)` is `hidden`."""
+    ratio = hidden / dim
+    while int(dim * ratio) < hidden:  # a quotient rounded down by one ulp would lose a unit
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
 def create_encoder(
     arch: str = "vit_base_patch16_224",
     *,
@@ -129,8 +245,37 @@ def create_encoder(
         arch, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate, weight_init="skip", **kwargs
     )
     adapter = encoder_adapter(encoder)
-    adapter.set_position_table(tuple(encoder.patch_embed.grid_size))
+    adapter.set_position_table(adapter.grid_size)
     return encoder
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """An encoder as the downstream stages receive it: `timm.create_model(arch, **args)` with `state` loaded
+    (timm key names) is the encoder, pretrained on images normalised with `mean` and `std`."""
+
+    arch: str
+    args: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def in_chans(self) -> int:
+        return int(self.args.get("in_chans", 3))
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        """(H, W) the encoder was built for."""
+        size = self.args["img_size"]
+        return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+    @property
+    def has_class_token(self) -> bool:
+        args = {k: v for k, v in self.args.items() if k != "global_pool"}  # "token" pooling needs a class token
+        with torch.device("meta"):  # no memory, no init: only the structure matters
+            module = timm.create_model(self.arch, pretrained=False, num_classes=0, **args)
+        return encoder_adapter(module).has_class_token
 
 
 def set_sincos_pos_embed(pos_embed: nn.Parameter, grid_size: tuple[int, int]) -> None:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from mae.models.decoder import DECODERS
+from mae.models.decoder import decoder_class
 from mae.models.encoder import EncoderAdapter, create_encoder, encoder_adapter, init_mae_weights
 from mae.models.masking import Masking, gather_tokens, random_masking
 from mae.models.patches import patchify, unpatchify
@@ -53,10 +53,9 @@ class MaskedAutoencoder(nn.Module):
         predict_ratio: float = 1.0,
     ) -> None:
         """`encoder_arch` is a timm architecture; `patch_size`, `embed_dim`, `depth`, `num_heads` and
-        `mlp_ratio` change its values (None keeps them). `decoder` names one of `DECODERS` (the paper's
-        "mae", or CrossMAE's "cross", which predicts `predict_ratio` of the masked patches)."""
-        if decoder not in DECODERS:
-            raise ValueError(f"unknown decoder '{decoder}'; choose one of: {', '.join(sorted(DECODERS))}")
+        `mlp_ratio` change its values (None keeps them). `decoder` names a registered decoder (`list_decoders()`:
+        the paper's "mae", CrossMAE's "cross", which predicts `predict_ratio` of the masked patches, or yours)."""
+        decoder_cls = decoder_class(decoder)
         super().__init__()
         img_size = _pair(img_size)
         if not 0.0 <= mask_ratio < 1.0:
@@ -73,31 +72,25 @@ class MaskedAutoencoder(nn.Module):
             encoder_arch, img_size=img_size, patch_size=patch_size, in_chans=in_chans, **overrides
         )
         self.img_size = img_size
-        self.patch_size = _pair(self.encoder.patch_embed.patch_size)[0]  # the architecture's, unless overridden
-        self.encoder_arch = encoder_arch
-        # What rebuilds this encoder in plain timm: `timm.create_model(encoder_arch, **encoder_args)`.
-        self.encoder_args = {
-            "img_size": list(img_size),
-            "patch_size": self.patch_size,
-            "in_chans": in_chans,
-            **overrides,
-        }
+        adapter = self.adapter
+        self.patch_size = adapter.patch_size[0]  # the architecture's, unless overridden
+        self.encoder_arch = encoder_arch  # what rebuilds the encoder in plain timm: `self.adapter.timm_architecture()`
         self.in_chans = in_chans
         self.mask_ratio = mask_ratio
         self.norm_pix_loss = norm_pix_loss
-        self.grid_size = tuple(self.encoder.patch_embed.grid_size)
+        self.grid_size = adapter.grid_size
         if self.grid_size[0] * self.patch_size != img_size[0] or self.grid_size[1] * self.patch_size != img_size[1]:
             raise ValueError(
                 f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {self.patch_size}; "
                 "choose an image size that is a multiple of the patch size"
             )
         self.decoder_name = decoder
-        self.decoder = DECODERS[decoder](
+        self.decoder = decoder_cls(
             grid_size=self.grid_size,
             patch_size=self.patch_size,
             in_chans=in_chans,
-            embed_dim=self.adapter.embed_dim,
-            num_prefix_tokens=self.adapter.num_prefix_tokens,
+            embed_dim=adapter.embed_dim,
+            num_prefix_tokens=adapter.num_prefix_tokens,
             decoder_embed_dim=decoder_embed_dim,
             decoder_depth=decoder_depth,
             decoder_num_heads=decoder_num_heads,

@@ -16,19 +16,20 @@ from mae.config import ConfigError, to_dict
 from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
 from mae.data.labeled import eval_transform as labeled_eval_transform
 from mae.data.streaming import StreamSource
+from mae.models.encoder import EncoderSpec
 from mae.run_folder import CLASSES, CLASSIFIER
 from mae.train.accelerator import open_accelerator
 from mae.train.checkpoint import check_output_dir, find_resume_checkpoint
 from mae.train.loaders import eval_loader
-from mae.weights.export import encoder_source, save_classifier
-from mae.weights.importers import CheckpointError
+from mae.weights.classifier import save_classifier
+from mae.weights.importers import CheckpointError, read_encoder
 
 
 @dataclass(frozen=True)
 class Downstream:
     """What every downstream stage starts from."""
 
-    encoder: dict[str, Any]  # the pretrained encoder (see `encoder_source`)
+    encoder: EncoderSpec  # the pretrained encoder (see `read_encoder`)
     train: Any  # labeled sources
     val: Any
     size: tuple[int, int]  # input size, and normalisation
@@ -47,19 +48,19 @@ def open_downstream(cfg: Any) -> Downstream:
     """Validate, open the encoder and the labeled data, find a checkpoint to resume, start Accelerate."""
     validate(cfg)
     try:
-        encoder = encoder_source(cfg.pretrained, cfg.model.img_size)
+        encoder = read_encoder(cfg.pretrained, cfg.model.img_size, seed=cfg.seed)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
     train_src, val_src = labeled_splits(cfg)
-    size = cfg.model.img_size or encoder["args"]["img_size"]
+    size = cfg.model.img_size or encoder.img_size
     return Downstream(
         encoder,
         train_src,
         val_src,
         (size, size) if isinstance(size, int) else tuple(size),
-        tuple(cfg.data.mean or encoder["mean"]),
-        tuple(cfg.data.std or encoder["std"]),
-        encoder["args"].get("in_chans", 3),
+        tuple(cfg.data.mean or encoder.mean),
+        tuple(cfg.data.std or encoder.std),
+        encoder.in_chans,
         find_resume_checkpoint(cfg) if hasattr(cfg, "resume") else None,
         open_accelerator(cfg),
     )

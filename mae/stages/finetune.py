@@ -13,7 +13,8 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from mae.config import ConfigError, FinetuneConfig
 from mae.data.labeled import LabeledSamples, collate_labeled, train_transform
-from mae.models.classifier import freeze_first_blocks
+from mae.models.classifier import build_classifier, freeze_first_blocks
+from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
     Downstream,
     decode_side,
@@ -26,7 +27,6 @@ from mae.train.accelerator import full_state_dict, plain_model
 from mae.train.optim import adamw
 from mae.train.tasks import ClassifierTask
 from mae.train.trainer import train
-from mae.weights.export import build_classifier, describe_vit
 
 
 @register_stage("finetune", FinetuneConfig, "Fine-tune the whole ViT with a fresh classifier head.")
@@ -64,7 +64,8 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
         task=lambda m, val: ClassifierTask(
             m, accelerator=accelerator, criterion=criterion, val_loader=val, mixup=mixup, ema=ema(cfg, setup, m)
         ),
-        title=f"fine-tuning a {describe_vit(args)} on {len(train_ds)} images, {len(setup.classes)} classes",
+        title=f"fine-tuning a {encoder_adapter(model).describe()} on {len(train_ds)} images, "
+        f"{len(setup.classes)} classes",
         resume_from=setup.resume_from,
         val_loader=labeled_eval_loader(setup, setup.val, cfg),
     )

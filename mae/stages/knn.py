@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from mae.config import KnnConfig, to_dict
+from mae.models.classifier import build_classifier
 from mae.run_folder import CONFIG, METRICS
 from mae.stages.downstream import labeled_eval_loader, open_downstream
 from mae.stages.registry import StageResult, register_stage
@@ -15,7 +16,6 @@ from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.loaders import prepare_eval
 from mae.train.metrics import MetricsWriter
 from mae.train.speed import configure_speed, maybe_compile
-from mae.weights.export import build_classifier
 
 
 @register_stage("knn", KnnConfig, "Weighted k-NN classification with the frozen encoder's features.")

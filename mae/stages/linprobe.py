@@ -13,7 +13,8 @@ from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, LinprobeConfig
 from mae.data.labeled import LabeledSamples, collate_labeled, train_transform
-from mae.models.classifier import LinearProbe, fold_probe_head, probe_head
+from mae.models.classifier import LinearProbe, build_classifier, fold_probe_head, probe_head
+from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
     Downstream,
     decode_side,
@@ -30,7 +31,6 @@ from mae.train.optim import effective_batch
 from mae.train.speed import configure_speed
 from mae.train.tasks import ClassifierTask
 from mae.train.trainer import train
-from mae.weights.export import build_classifier, describe_vit
 
 
 @register_stage("linprobe", LinprobeConfig, "Train a linear classifier on the frozen encoder's features.")
@@ -63,7 +63,7 @@ def run_linprobe(cfg: LinprobeConfig) -> StageResult:
             m, accelerator=accelerator, criterion=torch.nn.CrossEntropyLoss(), val_loader=val
         ),
         title=(
-            f"linear probe of a {describe_vit(args)} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
+            f"linear probe of a {encoder_adapter(encoder).describe()} ({mode}, pool {cfg.model.pool}, {opt_name}) on "
             f"{len(train_ds)} images, {len(classes)} classes"
         ),
         resume_from=setup.resume_from,

@@ -12,7 +12,7 @@ from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError,
 from mae.data.sources import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
-from mae.models.decoder import DECODERS
+from mae.models.decoder import PixelDecoder, check_decoder
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.run_folder import ENCODER, PREVIEW
@@ -23,7 +23,7 @@ from mae.train.features import KnnMonitor
 from mae.train.optim import adamw
 from mae.train.tasks import PretrainTask
 from mae.train.trainer import train
-from mae.weights.export import describe_vit, save_encoder, timm_architecture
+from mae.weights.export import save_encoder
 
 PREVIEW_IMAGES = 8  # images in the reconstruction previews
 
@@ -73,13 +73,10 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
                 f"--model.{ratio} {arch[ratio]}: leaves no MLP unit at width {arch[width]}; "
                 f"use at least {1 / arch[width]:.3g}"
             )
-    if cfg.model.decoder not in DECODERS:
-        raise ConfigError(f"--model.decoder {cfg.model.decoder}: choose one of {', '.join(sorted(DECODERS))}")
-    if cfg.model.decoder != "cross" and cfg.model.predict_ratio != 1:
-        raise ConfigError(
-            f"--model.predict_ratio {cfg.model.predict_ratio}: the mae decoder predicts every masked patch; "
-            "use --model.decoder cross to predict a fraction of them"
-        )
+    try:
+        check_decoder(cfg.model.decoder, predict_ratio=cfg.model.predict_ratio)
+    except ValueError as e:
+        raise ConfigError(f"--model.decoder {cfg.model.decoder}: {e}") from None
     check_masking(cfg.model.masking, (hw[0] // patch, hw[1] // patch), cfg.model.mask_ratio, "--model.masking")
     check_output_dir(cfg)
 
@@ -184,8 +181,11 @@ def open_pretraining_data(cfg: PretrainConfig):
 
 def _title(cfg: PretrainConfig, model, images: int) -> str:
     """The start line's head: what is pretrained, on what."""
-    decoder = f"{cfg.model.decoder} decoder {model.decoder.embed.out_features} x {len(model.decoder.blocks)}"
-    arch = f"{cfg.model.name}: {describe_vit(timm_architecture(model)[1])}, {decoder}, {cfg.model.masking} masking"
+    dec = model.decoder
+    size = f" {dec.embed.out_features} x {len(dec.blocks)}" if isinstance(dec, PixelDecoder) else ""
+    arch = (
+        f"{cfg.model.name}: {model.adapter.describe()}, {cfg.model.decoder} decoder{size}, {cfg.model.masking} masking"
+    )
     where = f"{cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"
     return f"pretraining {arch} on {images} images ({where})"
 

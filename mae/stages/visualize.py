@@ -59,21 +59,21 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
     from mae.weights.importers import CheckpointError
 
     if cfg.attention:
-        from mae.weights.export import build_classifier, encoder_source
+        from mae.models.classifier import build_classifier
+        from mae.weights.importers import read_encoder
 
         if not (cfg.pretrained or cfg.checkpoint):
             raise ConfigError(
                 "--pretrained: required with --attention (an encoder export, output folder or checkpoint)"
             )
         try:
-            source = encoder_source(cfg.pretrained or cfg.checkpoint)
+            spec = read_encoder(cfg.pretrained or cfg.checkpoint)
         except (CheckpointError, FileNotFoundError) as e:
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
-        vit, _, _ = build_classifier(source, 0)
-        size = tuple(source["args"]["img_size"])
+        vit, _, _ = build_classifier(spec, 0)
         try:
-            images = _read_images(cfg.images, size, source["args"].get("in_chans", 3))
-            grid = attention_grid(vit, images, tuple(source["mean"]), tuple(source["std"]))
+            images = _read_images(cfg.images, spec.img_size, spec.in_chans)
+            grid = attention_grid(vit, images, spec.mean, spec.std)
         except ValueError as e:  # e.g. an encoder without a class token
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         path = save_grid(grid, cfg.output)

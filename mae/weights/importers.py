@@ -8,6 +8,8 @@
 | official facebookresearch/mae `.pth` | `{"model": ...}`, `blocks.N.attn.qkv`, `decoder_*` | renamed |
 | timm MAE encoders (`vit_*_224.mae`) | timm keys, no decoder | decoder fresh |
 | transformers ViTMAE | `vit.embeddings.*` keys (+ `config.json`) | q/k/v fused into qkv |
+
+`read_encoder` reads the same formats (and `random:PRESET`) as the `EncoderSpec` a downstream stage builds on.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from typing import Any
 
 import torch
 
-from mae.errors import CheckpointError  # noqa: F401
+from mae.config import IMAGENET_MEAN, IMAGENET_STD
+from mae.errors import CheckpointError
+from mae.models.encoder import EncoderSpec
 from mae.models.mae import MaskedAutoencoder
-from mae.models.registry import preset_config, preset_matching
-from mae.run_folder import CONFIG, ENCODER, HF_CONFIG, HF_WEIGHTS, is_checkpoint, list_checkpoints
+from mae.models.registry import create_mae, preset_config, preset_matching
+from mae.run_folder import CONFIG, ENCODER, HF_CONFIG, HF_WEIGHTS, is_checkpoint, list_checkpoints, run_config
+from mae.weights.files import cpu_tensors, read_metadata
 
 # transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x in-memory
 # `layers.N.attention.q_proj` spellings) -> this project's names. Attention q/k/v are fused below.
@@ -186,13 +191,10 @@ def official_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict, string metadata) of a safetensors or PyTorch file; never runs pickled code."""
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
+        from safetensors.torch import load_file
 
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        meta = read_metadata(path)
+        return load_file(str(path)), meta
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -319,7 +321,7 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     hints.update(_metadata_hints(meta))
     hints.update(overrides)
     kwargs = infer_model_kwargs(state, hints, p)
-    has_decoder = "decoder.embed.weight" in state
+    has_decoder = any(k.startswith("decoder.") for k in state)  # any registered decoder's weights
     try:
         model = MaskedAutoencoder(**kwargs)
     except (TypeError, ValueError) as e:
@@ -382,3 +384,53 @@ def _run_hints(config_yaml: Path) -> dict[str, Any]:
     hints.update(img_size=m["img_size"], mask_ratio=m["mask_ratio"], norm_pix_loss=m["norm_pix_loss"])
     hints.update({k: m[k] for k in ("decoder", "predict_ratio") if k in m})
     return hints
+
+
+# --- encoders for downstream stages ---------------------------------------------------------------
+
+
+def read_encoder(path: str, img_size: int | tuple[int, int] | None = None, seed: int = 0) -> EncoderSpec:
+    """What a downstream stage needs of `--pretrained`: the encoder's weights, architecture and statistics.
+
+    `path` is an encoder export (file or hf-folder), an output folder, any checkpoint `load_pretrained`
+    reads, or `random:PRESET` for a randomly initialised encoder (baselines; the same `seed` gives the same
+    weights, whatever the global random state). Statistics not recorded with the weights are ImageNet's.
+    """
+    if path.startswith("random:"):
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream stays untouched
+            torch.manual_seed(seed)
+            model = create_mae(path[len("random:") :], **({"img_size": img_size} if img_size else {}))
+        return _spec(model, {})
+    p = Path(path)
+    if p.is_dir() and (p / ENCODER).is_file():  # a finished pretraining run
+        p = p / ENCODER
+    elif p.is_dir() and (p / HF_CONFIG).is_file() and (p / HF_WEIGHTS).is_file():
+        p = p / HF_WEIGHTS
+    meta = read_metadata(p) if p.is_file() and p.suffix == ".safetensors" else {}
+    if "architecture" in meta and "model_args" in meta:
+        from safetensors.torch import load_file
+
+        stats = {k: json.loads(meta[k]) for k in ("mean", "std") if k in meta}
+        return EncoderSpec(
+            arch=meta["architecture"],
+            args=json.loads(meta["model_args"]),
+            state=load_file(str(p)),
+            mean=tuple(stats.get("mean", IMAGENET_MEAN)),
+            std=tuple(stats.get("std", IMAGENET_STD)),
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not used here
+        model = load_pretrained(path)
+    data = (run_config(path) or {}).get("data", {})
+    return _spec(model, {k: data[k] for k in ("mean", "std") if k in data})
+
+
+def _spec(model: MaskedAutoencoder, stats: dict[str, Any]) -> EncoderSpec:
+    arch, args = model.adapter.timm_architecture()
+    return EncoderSpec(
+        arch=arch,
+        args=args,
+        state=cpu_tensors(model.encoder.state_dict()),
+        mean=tuple(stats.get("mean", IMAGENET_MEAN)),
+        std=tuple(stats.get("std", IMAGENET_STD)),
+    )
