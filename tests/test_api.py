@@ -1,0 +1,78 @@
+"""The Python API: the stages as functions, in one process, validated as the command line validates them."""
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from PIL import Image
+
+import mae
+from tests.conftest import make_images, make_labeled
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.mark.slow
+def test_pretrain_knn_finetune_then_classify_one_image_in_one_process(tmp_path):
+    make_images(tmp_path / "imgs", n=16)
+    labeled = make_labeled(tmp_path / "labeled", per_class=12)
+    small = {"batch_size": 8, "epochs": 1, "progress": False}
+    pre = mae.pretrain(
+        data={"path": tmp_path / "imgs"},
+        model={"name": "mae_vit_micro_patch8", "img_size": 32},
+        loop=small,
+        optim={"warmup_epochs": 0.5},
+        output_dir=tmp_path / "pre",
+    )
+    assert pre.output_dir == tmp_path / "pre" and pre.export == tmp_path / "pre" / "encoder.safetensors"
+    assert pre.export.is_file() and pre.metrics["eval"] == "preview"
+
+    knn = mae.knn(pretrained=pre.output_dir, data={"path": labeled}, loop={"batch_size": 8},
+                  output_dir=tmp_path / "knn")  # fmt: skip
+    assert knn.export is None and knn.metrics["samples"] == 4 and knn.metrics["top1"] in (0, 25, 50, 75, 100)
+
+    ft = mae.finetune(
+        pretrained=pre.export,
+        data={"path": labeled},
+        loop={**small, "epochs": 2},
+        optim={"warmup_epochs": 0.5},
+        aug={"mixup": 0, "cutmix": 0},
+        output_dir=tmp_path / "ft",
+    )
+    assert ft.export == tmp_path / "ft" / "classifier.safetensors" and ft.metrics["eval"] == "val"
+
+    clf = mae.load_classifier(ft.output_dir)
+    assert clf.classes == ["blue", "green", "red"]
+    image = Image.open(next((labeled / "red").iterdir())).convert("RGB")
+    with torch.no_grad():
+        probs = clf.model(clf.transform(image)[None]).softmax(-1)[0]
+    assert probs.shape == (3,) and abs(probs.sum().item() - 1) < 1e-5
+
+
+def test_a_bad_option_raises_the_typed_error_with_the_cli_message(tmp_path, capsys):
+    with pytest.raises(mae.ConfigError) as api:
+        mae.pretrain(loop={"epochs": 0}, output_dir=tmp_path / "x")
+    assert mae.cli.main(["pretrain", "--loop.epochs", "0", "--output_dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == f"mae pretrain: error: {api.value}"
+    assert str(api.value) == "--loop.epochs 0: must be >= 1"
+    with pytest.raises(mae.ConfigError, match="no_such_key"):
+        mae.pretrain(loop={"no_such_key": 1})
+    with pytest.raises(mae.MaeError, match="--pretrained: required"):
+        mae.linprobe(data={"path": tmp_path}, output_dir=tmp_path / "p")
+    with pytest.raises(mae.ConfigError, match="no such recipe file"):
+        mae.finetune(tmp_path / "missing.yaml")
+
+
+def test_a_recipe_and_a_config_object_are_read_as_the_command_line_reads_them(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("loop:\n  epochs: 0\n")  # a recipe's bad value is refused like the command line's
+    with pytest.raises(mae.ConfigError, match=r"--loop.epochs 0: must be >= 1"):
+        mae.pretrain(recipe)
+    from mae.config import PretrainConfig
+
+    with pytest.raises(mae.ConfigError, match=r"--seed -1: must be >= 0"):
+        mae.pretrain(PretrainConfig(), seed=-1)
