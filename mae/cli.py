@@ -31,7 +31,7 @@ from mae.config import (
     VisualizeConfig,
     check_config,
 )
-from mae.data.sources import DataError
+from mae.errors import DataError
 from mae.run_folder import error_log
 from mae.train.loop import TrainingError
 from mae.weights.importers import CheckpointError
@@ -172,18 +172,16 @@ def run_stage(stage: str, cfg: Any) -> None:
         path = export_encoder(cfg.checkpoint, cfg.output, format=cfg.format)
         print(f"wrote {path}")
     elif stage == "stats":
-        from mae.data.sources import open_source
+        from mae.data.open import open_source
         from mae.data.stats import channel_stats
 
-        source = open_source(cfg.data.path, cfg.data.image_column)
+        source = open_source(cfg.data.path, image_column=cfg.data.image_column)
         mean, std = channel_stats(source, cfg.model.in_chans, samples=cfg.samples, seed=cfg.seed)
         print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
         print(f"mean {mean}\nstd  {std}")
         print(f"--data.mean '{mean}' --data.std '{std}'")
     elif stage == "shard":
-        from mae.data.shards import shard_source
-
-        shard_source(cfg)
+        shard(cfg)
     elif stage == "convert":
         from mae.weights.export import export_encoder, save_model
         from mae.weights.importers import load_pretrained
@@ -192,6 +190,36 @@ def run_stage(stage: str, cfg: Any) -> None:
         model = load_pretrained(cfg.source, **heads)
         path = export_encoder(model, cfg.output) if cfg.encoder_only else save_model(model, cfg.output)
         print(f"wrote {path}")
+
+
+def shard(cfg: ShardConfig) -> Path:
+    """`mae shard`: open `cfg.source` as --data.path would (labeled when asked, or when it can be), write it."""
+    import json
+    from dataclasses import asdict
+
+    from mae.data.open import open_source
+    from mae.data.shard_writer import write_shards
+
+    source = open_source(
+        cfg.source, labeled=cfg.labeled, image_column=cfg.image_column, label_column=cfg.label_column, option="source"
+    )
+    classes = getattr(source, "classes", None)
+    what = f"{len(source)} images" + (f" in {len(classes)} classes" if classes is not None else "")
+    print(f"mae shard: {what} from {cfg.source} -> {cfg.output}", flush=True)
+    options = {k: v for k, v in asdict(cfg).items() if k != "output"}
+    index = write_shards(
+        source,
+        cfg.output,
+        samples_per_shard=cfg.samples_per_shard,
+        max_size=cfg.max_size,
+        seed=cfg.seed,
+        shuffle=cfg.shuffle,
+        options=options,
+    )
+    shards = json.loads(index.read_text())["shardlist"]
+    size = sum(s["filesize"] for s in shards) / 2**20
+    print(f"wrote {len(shards)} shards ({size:.1f} MiB) and {index}; use --data.path {cfg.output}")
+    return index
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,11 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, FinetuneConfig, KnnConfig, LinprobeConfig, to_dict
-from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split, train_transform
-from mae.data.labeled import eval_transform as labeled_eval_transform
+from mae.data.labeled import LabeledSamples, split
+from mae.data.open import open_source
 from mae.data.streaming import StreamSamples, StreamSource
+from mae.data.transforms import collate_labeled, decode_side, train_transform
+from mae.data.transforms import eval_transform as labeled_eval_transform
 from mae.models.classifier import LinearProbe, fold_probe_head, freeze_first_blocks, probe_head
 from mae.run_folder import CLASSES, CLASSIFIER, CONFIG, METRICS
 from mae.train.features import knn_scores, predict, topk_accuracy
@@ -106,22 +108,16 @@ def load_source(cfg: Any) -> dict[str, Any]:
 def labeled_splits(cfg: Any):
     """(train, validation) labeled sources with the same classes."""
     d = cfg.data
-    if d.streaming:
-        from mae.data.streaming import StreamSource
-
-        if not d.val_path:
-            raise ConfigError(
-                "--data.streaming true: a stream cannot be split into training and validation data; give "
-                "--data.val_path (a labeled folder, shards, or another hf: split, which is streamed too)"
-            )
-        train_src = StreamSource(d.path, d.image_column, d.label_column, labeled=True)
-    else:
-        train_src = open_labeled(d.path, d.image_column, d.label_column)
+    if d.streaming and not d.val_path:
+        raise ConfigError(
+            "--data.streaming true: a stream cannot be split into training and validation data; give "
+            "--data.val_path (a labeled folder, shards, or another hf: split, which is streamed too)"
+        )
+    columns = {"image_column": d.image_column, "label_column": d.label_column}
+    train_src = open_source(d.path, labeled=True, streaming=d.streaming, **columns)
     if d.val_path:
-        if d.streaming and d.val_path.startswith("hf:"):
-            val_src = StreamSource(d.val_path, d.image_column, d.label_column, labeled=True)
-        else:
-            val_src = open_labeled(d.val_path, d.image_column, d.label_column, option="--data.val_path")
+        val_stream = d.streaming and d.val_path.startswith("hf:")
+        val_src = open_source(d.val_path, labeled=True, streaming=val_stream, option="--data.val_path", **columns)
         if list(val_src.classes) != list(train_src.classes):
             raise ConfigError(
                 f"--data.val_path {d.val_path}: its classes {val_src.classes[:5]}... differ from "
@@ -141,12 +137,6 @@ def _input(cfg: Any, source: dict[str, Any]) -> tuple[tuple[int, int], tuple, tu
 
 def eval_transform(size: tuple[int, int], cfg: Any, mean: tuple, std: tuple, in_chans: int = 3):
     return labeled_eval_transform(size, crop_pct=cfg.data.crop_pct, mean=mean, std=std, in_chans=in_chans)
-
-
-def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
-    """The short side a JPEG may be decoded down to when crops down to `smallest_crop` of the image's
-    side must keep full resolution."""
-    return math.ceil(max(size) / smallest_crop)
 
 
 def eval_loader(source, transform, cfg: Any, size: tuple[int, int], in_chans: int = 3):

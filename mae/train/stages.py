@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from mae.config import IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
-from mae.data.sources import open_source
+from mae.data.open import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.models.decoder import DECODERS
@@ -124,13 +124,11 @@ def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
 def run_pretrain(cfg: PretrainConfig) -> Path:
     """Pretrain per `cfg`; returns the output folder."""
     validate_pretrain(cfg)
+    source = open_source(cfg.data.path, streaming=cfg.data.streaming, image_column=cfg.data.image_column)
     if cfg.data.streaming:
-        from mae.data.streaming import StreamSource
-
-        source = StreamSource(cfg.data.path or "", cfg.data.image_column)
-        head = source.head(1000)  # statistics and previews come from the stream's first examples
+        head = source.first_examples(1000)  # statistics and previews come from the stream's first examples
     else:
-        source = head = open_source(cfg.data.path, cfg.data.image_column)
+        head = source
     cfg = resolve_data_stats(cfg, head)
     output_dir = Path(cfg.output_dir)
     resume_from = find_resume_checkpoint(cfg)
@@ -187,9 +185,10 @@ def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | 
     m = cfg.monitor
     if not m.knn_data:
         return None
-    from mae.data.labeled import LabeledSamples, collate_labeled, eval_transform, open_labeled, split
+    from mae.data.labeled import LabeledSamples, split
+    from mae.data.transforms import collate_labeled, eval_transform
 
-    source = open_labeled(m.knn_data, None, None, option="--monitor.knn_data")
+    source = open_source(m.knn_data, labeled=True, option="--monitor.knn_data")
     bank, query = split(source, m.knn_val_fraction, cfg.seed)
     c = cfg.model.in_chans
     tf = eval_transform(img_size, crop_pct=1.0, mean=cfg.data.mean, std=cfg.data.std, in_chans=c)
@@ -225,8 +224,8 @@ def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> 
     centre-cropped to `size`, read as training reads it; a folder gives its first `PREVIEW_IMAGES` images."""
     from torchvision.transforms.v2 import functional as F
 
-    from mae.data.sources import ChannelError, iter_image_files, read_array, read_rgb
-    from mae.data.transforms import DECODE_ERRORS
+    from mae.data.images import DECODE_ERRORS, iter_image_files, read_array, read_rgb
+    from mae.errors import ChannelError
 
     images = []
     listed = [sorted(iter_image_files(f))[:PREVIEW_IMAGES] if Path(f).is_dir() else [f] for f in files]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from mae.data.sources import DataError
 from mae.data.streaming import StreamSamples
+from mae.errors import DataError
 
 
 class EvalStream:
@@ -30,7 +30,7 @@ class EvalStream:
 
     @staticmethod
     def _collate(samples: list[dict]) -> dict:
-        from mae.data.labeled import collate_labeled
+        from mae.data.transforms import collate_labeled
 
         return collate_labeled([{k: v for k, v in s.items() if k != "stream"} for s in samples])
 
