@@ -29,9 +29,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mae.data.demo import DEMO_IMAGES
+from mae.data.open import open_source
 from mae.data.samplers import EpochSampler
-from mae.data.shards import write_shards
-from mae.data.sources import DEMO_IMAGES, open_source
+from mae.data.shard_writer import write_shards
 from mae.data.transforms import DecodedImages, PretrainSamples, collate_samples
 from mae.train.loaders import make_loader
 

@@ -5,7 +5,7 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 from mae.config import ConfigError
-from mae.data.sources import read_rgb
+from mae.data.images import read_rgb
 from mae.figures import attention_grid, cls_attention, reconstruction_grid
 from mae.stages.visualize import _read_images
 

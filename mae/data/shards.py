@@ -1,4 +1,4 @@
-"""WebDataset shards: `mae shard` writes them, every stage reads them.
+"""WebDataset shards as a source: `mae shard` writes them (`mae.data.shard_writer`), every stage reads them.
 
 A shard set is tar files in the WebDataset layout (`KEY.jpg` / `KEY.png` / `KEY.npy` ..., plus `KEY.cls`
 when labeled) and an index, `index.json`: a `wids` dataset descriptor (`shardlist` of `url` and
@@ -22,16 +22,16 @@ import hashlib
 import io
 import json
 import os
-import tempfile
-from collections import OrderedDict
+import tarfile
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 from PIL import Image
 
-from mae.data.sources import IMAGE_EXTENSIONS, DataError, read_array, read_rgb
-from mae.run_folder import follow_umask
+from mae.data.base import BaseSource
+from mae.data.images import IMAGE_EXTENSIONS, read_array, read_rgb
+from mae.errors import DataError
 
 INDEX = "index.json"
 OPEN_SHARDS = 16  # open (memory-mapped) shards kept per process
@@ -49,10 +49,10 @@ def is_shard_set(path: str) -> bool:
         return False
     if is_remote(path) or path.endswith((".tar", ".json")) or ("{" in path and ".tar" in path):
         return True
-    return _read_index_file(Path(path) / INDEX) is not None
+    return read_index(Path(path) / INDEX) is not None
 
 
-def _read_index_file(path: Path) -> dict | None:
+def read_index(path: Path) -> dict | None:
     """The shard index at `path`, or None when there is none (or the file there is another kind of JSON)."""
     if not path.is_file():
         return None
@@ -67,10 +67,10 @@ def _load_index(path: str, option: str) -> tuple[dict, str]:
     """(index, the folder or URL its shard names are relative to)."""
     if is_remote(path):
         local = _download(path, option)
-        index, base = _read_index_file(Path(local)), path.rsplit("/", 1)[0]
+        index, base = read_index(Path(local)), path.rsplit("/", 1)[0]
     else:
         p = Path(path)
-        index, base = _read_index_file(p / INDEX if p.is_dir() else p), str(p if p.is_dir() else p.parent)
+        index, base = read_index(p / INDEX if p.is_dir() else p), str(p if p.is_dir() else p.parent)
     if index is None:
         raise DataError(f"{option} {path}: not a shard index (a JSON file with a 'shardlist'; mae shard writes one)")
     return index, base
@@ -80,12 +80,6 @@ def _join(base: str, url: str) -> str:
     if is_remote(url) or os.path.isabs(url):
         return url
     return f"{base}/{url}" if is_remote(base) else os.path.join(base, url)
-
-
-def _expand(pattern: str) -> list[str]:
-    import braceexpand
-
-    return [u for part in pattern.split("::") for u in braceexpand.braceexpand(part)]
 
 
 def _cache_dir() -> Path:
@@ -125,9 +119,11 @@ def resolve_shards(path: str, option: str = "--data.path") -> tuple[list[dict], 
         index, base = _load_index(path, option)
         shards = [dict(s, url=_join(base, s["url"])) for s in index["shardlist"]]
         return shards, index
-    urls = _expand(path)
+    from webdataset.shardlists import expand_urls
+
+    urls = expand_urls(path)  # webdataset's own: `::`-separated lists, braces, ${WDS_VAR}s
     # An index beside the shards gives their sizes (and labels) without reading them.
-    local_index = None if is_remote(urls[0]) else _read_index_file(Path(urls[0]).parent / INDEX)
+    local_index = None if is_remote(urls[0]) else read_index(Path(urls[0]).parent / INDEX)
     if local_index is not None:
         known = {os.path.basename(s["url"]): s for s in local_index["shardlist"]}
         if all(os.path.basename(u) in known for u in urls):
@@ -146,22 +142,24 @@ def resolve_shards(path: str, option: str = "--data.path") -> tuple[list[dict], 
 
 
 def check_readable(urls: list[str], option: str) -> None:
-    """Every local shard exists, can be read and starts like a tar file: checked before training starts
-    (remote shards are checked when downloaded)."""
+    """Every local shard exists, can be read and starts with a tar header (uncompressed, as wids reads them):
+    checked before training starts (remote shards are checked when downloaded)."""
     for url in urls:
         if is_remote(url):
             continue
         path = urlparse(url).path if url.startswith("file:") else url
         try:
-            with open(path, "rb") as f:
-                header = f.read(512)
+            with tarfile.open(path, "r:"):  # reads the first member's header only
+                pass
         except OSError as e:
             raise DataError(
                 f"{option}: shard {path} cannot be read ({e.strerror or e}); restore it, or re-create the shard "
                 "set with mae shard"
             ) from None
-        if len(header) < 512 or header[257:262] != b"ustar":
-            raise DataError(f"{option}: shard {path} is not a tar file; restore it, or re-create the shard set")
+        except tarfile.TarError:
+            raise DataError(
+                f"{option}: shard {path} is not a tar file; restore it, or re-create the shard set"
+            ) from None
 
 
 def _open_tar(url: str, option: str = "--data.path"):
@@ -179,7 +177,18 @@ def _label(sample: dict) -> int | None:
     return None if cls is None else int(cls.read().decode().strip())
 
 
-class ShardSource:
+def _close(_k: int, tar) -> None:
+    tar.close()
+
+
+def _shard_cache():
+    """wids' LRU cache of open shards: the least recently read one is closed beyond `OPEN_SHARDS`."""
+    from wids.wids import LRUCache
+
+    return LRUCache(OPEN_SHARDS, release_handler=_close)
+
+
+class ShardSource(BaseSource):
     """An image source over a shard set: `len`, `load(i)`, `load_array(i)`, `name(i)` ("shard.tar:KEY"),
     and `shard_ends` (cumulative sample counts: the sampler's locality windows)."""
 
@@ -190,35 +199,31 @@ class ShardSource:
         self.urls = [s["url"] for s in shards]
         self.counts = np.asarray([int(s["nsamples"]) for s in shards], dtype=np.int64)
         self.shard_ends = np.cumsum(self.counts)
-        self.decode_side: int | None = None
-        self._open: OrderedDict = OrderedDict()  # per process (dropped when pickled to a worker)
+        self._open = _shard_cache()  # per process (emptied when pickled to a worker)
         check_readable(self.urls, option)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_open": OrderedDict()}
+        return {**self.__dict__, "_open": _shard_cache()}
 
     def __len__(self) -> int:
         return int(self.shard_ends[-1])
-
-    def set_decode_size(self, side: int | None) -> None:
-        self.decode_side = side
 
     def _locate(self, i: int) -> tuple[int, int]:
         k = int(np.searchsorted(self.shard_ends, i, side="right"))
         return k, int(i - (self.shard_ends[k - 1] if k else 0))
 
     def _tar(self, k: int):
-        tar = self._open.pop(k, None)
+        tar = self._open[k]
         if tar is None:
             tar = _open_tar(self.urls[k], self.option)
-            if len(tar) != self.counts[k]:
+            n = len(tar)
+            if n != self.counts[k]:
+                tar.close()
                 raise DataError(
-                    f"{self.option}: shard {self.urls[k]} holds {len(tar)} samples, but the index says "
+                    f"{self.option}: shard {self.urls[k]} holds {n} samples, but the index says "
                     f"{self.counts[k]}; re-create the shard set (mae shard) or its index"
                 )
-            while len(self._open) >= OPEN_SHARDS:
-                self._open.popitem(last=False)[1].close()
-        self._open[k] = tar
+            self._open[k] = tar
         return tar
 
     def _member(self, i: int) -> tuple[str, io.BytesIO]:
@@ -267,168 +272,8 @@ class LabeledShards(ShardSource):
             raise DataError(f"{option} {label}: label {self.labels[bad[0]]} is outside the {len(self.classes)} classes")
 
 
-def open_shards(path: str, option: str = "--data.path", labeled: bool = False) -> ShardSource:
+def open_shards(path: str, *, labeled: bool = False, option: str = "--data.path") -> ShardSource:
     shards, index = resolve_shards(path, option)
     if labeled:
         return LabeledShards(shards, index.get("classes"), path, option)
     return ShardSource(shards, path, option)
-
-
-# ----------------------------------------------------------------------------------------------- writing
-
-
-def _raw_image(source, i: int) -> tuple[bytes, str]:
-    """(the stored bytes, their extension) of image `i`, without decoding where the source allows."""
-    stored = source.raw(i) if hasattr(source, "raw") else None
-    if stored is not None:
-        return stored
-    buf = io.BytesIO()
-    source.load(i).save(buf, format="PNG")
-    return buf.getvalue(), "png"
-
-
-def _shrink(data: bytes, ext: str, max_size: int, name: str) -> tuple[bytes, str]:
-    """Re-encode an image whose longer side exceeds `max_size` (aspect kept; EXIF orientation applied):
-    JPEGs as JPEG (quality 95), arrays as .npy at their dtype, everything else as PNG (lossless)."""
-    if ext in ("npy", "tif", "tiff"):
-        import torch
-        from torchvision.transforms.v2 import functional as F
-
-        a = np.load(io.BytesIO(data)) if ext == "npy" else None
-        if a is None:
-            import tifffile
-
-            a = tifffile.imread(io.BytesIO(data))
-        hw = a.shape[:2] if a.ndim == 2 or a.shape[-1] <= a.shape[0] else a.shape[1:]
-        if max(hw) <= max_size:
-            return data, ext
-        x = read_array(f"{name}.{ext}", io.BytesIO(data))
-        scale = max_size / max(x.shape[:2])
-        size = [max(1, round(x.shape[0] * scale)), max(1, round(x.shape[1] * scale))]
-        y = F.resize(torch.from_numpy(x).permute(2, 0, 1), size, antialias=True).permute(1, 2, 0).numpy()
-        buf = io.BytesIO()
-        np.save(buf, y.astype(np.float32))
-        return buf.getvalue(), "npy"
-    from PIL import ImageOps
-
-    with Image.open(io.BytesIO(data)) as img:
-        if max(img.size) <= max_size:
-            return data, ext
-        jpeg = img.format == "JPEG"
-        img = ImageOps.exif_transpose(img)
-        scale = max_size / max(img.size)
-        size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
-        if jpeg:
-            img.draft(img.mode, size)  # libjpeg's DCT scaling down to at least twice the size, then a proper filter
-        img = img.resize(size, Image.Resampling.LANCZOS, reducing_gap=None if jpeg else 3.0)
-        buf = io.BytesIO()
-        if jpeg and img.mode in ("RGB", "L", "CMYK"):
-            img.save(buf, format="JPEG", quality=95)
-            return buf.getvalue(), "jpg"
-        img.save(buf, format="PNG")
-        return buf.getvalue(), "png"
-
-
-def write_shards(
-    source,
-    output: str | Path,
-    *,
-    samples_per_shard: int = 10_000,
-    max_size: int | None = None,
-    seed: int = 0,
-    shuffle: bool = True,
-    options: dict | None = None,
-    progress: bool = True,
-) -> Path:
-    """Write `source` (an image source; labeled ones add `KEY.cls`) as WebDataset shards plus `index.json`.
-
-    Samples go in a seeded random order (so the reader's shard-local shuffle mixes the whole set); keys
-    are the samples' positions in the source. Each shard is written under a temporary name and renamed
-    when complete, and the index is written last: an interrupted run leaves no shard set that looks
-    complete (running again starts over). The source's files are only read."""
-    import webdataset as wds
-    from tqdm.auto import tqdm
-
-    out = Path(output)
-    if _read_index_file(out / INDEX) is not None:
-        raise DataError(f"--output {out}: already holds a shard set ({INDEX}); choose another folder or delete it")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tar.partial"):
-        stale.unlink()
-    n = len(source)
-    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    labels = getattr(source, "labels", None)
-    width = max(6, len(str((n - 1) // samples_per_shard)))
-    shards, total_bytes = [], 0
-    bar = tqdm(total=n, disable=not progress, desc="shard", unit="img")
-    for first in range(0, n, samples_per_shard):
-        name = f"shard-{first // samples_per_shard:0{width}d}.tar"
-        part = out / (name + ".partial")
-        chunk = order[first : first + samples_per_shard]
-        with open(part, "wb") as f:
-            writer = wds.TarWriter(f)
-            for i in chunk:
-                data, ext = _raw_image(source, int(i))
-                if max_size:
-                    data, ext = _shrink(data, ext, max_size, source.name(int(i)))
-                sample = {"__key__": f"{int(i):09d}", ext: data}
-                if labels is not None:
-                    sample["cls"] = str(int(labels[i])).encode()
-                writer.write(sample)
-                bar.update(1)
-            writer.close()
-        os.replace(part, out / name)
-        entry = {"url": name, "nsamples": len(chunk), "filesize": (out / name).stat().st_size}
-        if labels is not None:
-            entry["labels"] = [int(labels[i]) for i in chunk]
-        shards.append(entry)
-        total_bytes += entry["filesize"]
-    bar.close()
-    index = {
-        "wids_version": 1,
-        "name": out.name,
-        "shardlist": shards,
-        "samples": n,
-        "classes": list(source.classes) if labels is not None else None,
-        "options": options or {},
-    }
-    fd, tmp = tempfile.mkstemp(prefix=".index-", dir=out)
-    with os.fdopen(fd, "w") as f:
-        json.dump(index, f)
-    os.replace(tmp, out / INDEX)
-    follow_umask(out / INDEX)
-    return out / INDEX
-
-
-def shard_source(cfg) -> Path:
-    """`mae shard`: open `cfg.source` as --data.path would (labeled when asked, or when it can be), write it."""
-    from dataclasses import asdict
-
-    from mae.data.labeled import open_labeled
-    from mae.data.sources import open_source
-
-    source = None
-    if cfg.labeled is not False:
-        try:
-            source = open_labeled(cfg.source, cfg.image_column, cfg.label_column, option="source")
-        except DataError:
-            if cfg.labeled:
-                raise
-    if source is None:
-        source = open_source(cfg.source, cfg.image_column)
-    what = f"{len(source)} images" + (f" in {len(source.classes)} classes" if hasattr(source, "classes") else "")
-    print(f"mae shard: {what} from {cfg.source} -> {cfg.output}", flush=True)
-    options = {k: v for k, v in asdict(cfg).items() if k != "output"}
-    index = write_shards(
-        source,
-        cfg.output,
-        samples_per_shard=cfg.samples_per_shard,
-        max_size=cfg.max_size,
-        seed=cfg.seed,
-        shuffle=cfg.shuffle,
-        options=options,
-    )
-    shards = json.loads(index.read_text())["shardlist"]
-    size = sum(s["filesize"] for s in shards) / 2**20
-    print(f"wrote {len(shards)} shards ({size:.1f} MiB) and {index}; use --data.path {cfg.output}")
-    return index

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mae.data.sources import DataError
 from mae.data.transforms import load_image
+from mae.errors import DataError
 
 
 def channel_stats(source, in_chans: int, *, samples: int = 1000, seed: int = 0) -> tuple[list[float], list[float]]:

@@ -27,56 +27,51 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
-from mae.data.sources import DataError, check_channels, image_array, is_text, pil_array, to_rgb
-from mae.data.transforms import DECODE_ERRORS
+from mae.data.base import BaseSource
+from mae.data.hf import find_image_column, find_label_column, is_text, parse_hf_path, value_array, value_rgb
+from mae.data.images import DECODE_ERRORS, check_channels
+from mae.errors import DataError
 
 SHUFFLE_BUFFER = 1000
 
 
-def _decode_value(value: Any):
-    """A `datasets` image value (PIL image, undecoded {"bytes", "path"}, or array) as PIL or array."""
-    import io
-
-    if isinstance(value, dict):
-        value = Image.open(io.BytesIO(value["bytes"]) if value.get("bytes") else value["path"])
-    return value
+def not_streamable(path: object) -> DataError:
+    """The one-line error for `--data.streaming true` with a path that is not `hf:NAME[:split]`."""
+    return DataError(f"--data.streaming true: streams hf:NAME[:split] only, not {path}; drop --data.streaming")
 
 
 class StreamSource:
     """`hf:NAME[:split]` as a stream: `dataset` (an IterableDataset), `column`, `label_column`, `classes`,
-    `len()` (the split's size), and `head(n)`, a random-access source over its first n examples (previews,
-    statistics)."""
+    `len()` (the split's size), and `first_examples(n)`, a random-access source over its first n examples
+    (previews, statistics). Labeled (`labeled=True`), the label column must be a ClassLabel."""
+
+    shard_ends = None  # not a map-style source: `StreamSamples` reads it in order
 
     def __init__(
-        self, path: str, image_column: str | None, label_column: str | None = None, labeled: bool = False
+        self,
+        path: str,
+        *,
+        labeled: bool = False,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        option: str = "--data.path",
     ) -> None:
         import datasets
 
-        if not path.startswith("hf:"):
-            raise DataError(f"--data.streaming true: streams hf:NAME[:split] only, not {path}; drop --data.streaming")
-        name, _, split = path[3:].partition(":")
-        split = split or "train"
+        if not isinstance(path, str) or not path.startswith("hf:"):
+            raise not_streamable(path)
+        name, split = parse_hf_path(path)
         try:
             ds = datasets.load_dataset(name, split=split, streaming=True)
         except Exception as e:  # noqa: BLE001 - hub and builder errors vary; the message is what matters
-            raise DataError(f"--data.path {path}: could not stream the dataset ({type(e).__name__}: {e})") from None
+            raise DataError(f"{option} {path}: could not stream the dataset ({type(e).__name__}: {e})") from None
         self.label = path
         features = ds.features or ds._resolve_features().features
-        images = [c for c, f in features.items() if isinstance(f, datasets.Image)]
-        column = image_column or (images[0] if images else None)
-        if column not in features:
-            raise DataError(
-                f"{path}: no image column {column or ''} (columns: {list(features)}); set --data.image_column"
-            )
-        self.column = column
+        self.column = column = find_image_column(features, image_column, path)
         self.label_column, self.classes = None, None
         if labeled:
-            found = [c for c, f in features.items() if isinstance(f, datasets.ClassLabel)]
-            self.label_column = label_column or (found[0] if found else ("label" if "label" in features else None))
-            if self.label_column not in features:
-                raise DataError(f"{path}: no label column (columns: {list(features)}); set --data.label_column")
+            self.label_column = find_label_column(features, label_column, path)
             feature = features[self.label_column]
             if not isinstance(feature, datasets.ClassLabel):
                 raise DataError(
@@ -90,7 +85,7 @@ class StreamSource:
             # decoded here (paths opened here), so replayed examples cost no decoding
             self.dataset = self.dataset.cast_column(column, datasets.Image(decode=False))
         self.length = self._size(ds, split)
-        self._head: list[dict] = []
+        self._first: list[dict] = []
 
     def _size(self, ds, split: str) -> int:
         splits = getattr(ds.info, "splits", None) or {}
@@ -104,25 +99,29 @@ class StreamSource:
     def __len__(self) -> int:
         return self.length
 
+    def set_decode_size(self, side: int | None) -> None:
+        """Streamed images decode whole (as `BaseSource` does where it cannot scale)."""
+
     def decode(self, value: Any, in_chans: int | None, name: str):
         """An example's image as `load_image` gives it: PIL RGB for 3 channels, else a float tensor [C, H, W]
         with `in_chans` channels (None: as stored)."""
-        value = _decode_value(value)
         if in_chans == 3:
-            return to_rgb(Image.fromarray(value) if isinstance(value, np.ndarray) else value)
-        a = image_array(value if isinstance(value, np.ndarray) else pil_array(value), name)
+            return value_rgb(value)
+        a = value_array(value, name)
         if in_chans is not None:
             check_channels(a, in_chans, name)
         return torch.from_numpy(np.ascontiguousarray(a)).permute(2, 0, 1)
 
-    def head(self, n: int) -> _Head:
-        if len(self._head) < n:
-            self._head = [ex for _, ex in zip(range(n), self.dataset, strict=False)]
-        return _Head(self, self._head[:n])
+    def first_examples(self, n: int) -> FirstExamples:
+        """The stream's first `n` examples as a random-access source (read once, kept)."""
+        if len(self._first) < n:
+            self._first = [ex for _, ex in zip(range(n), self.dataset, strict=False)]
+        return FirstExamples(self, self._first[:n])
 
 
-class _Head:
-    """The first examples of a stream as a random-access source (`len`, `load`, `load_array`, `name`)."""
+class FirstExamples(BaseSource):
+    """The first examples of a stream as a random-access source (`len`, `load`, `load_array`, `name`; with
+    `labels` and `classes` when the stream is labeled)."""
 
     def __init__(self, stream: StreamSource, examples: list[dict]) -> None:
         self.stream, self.examples = stream, examples

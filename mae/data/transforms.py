@@ -1,4 +1,5 @@
-"""The pretraining sample: a random-resized crop, a flip and a mask, all drawn from (seed, epoch, index).
+"""Samples from images: the pretraining sample (a random-resized crop, a flip and a mask, all drawn from
+(seed, epoch, index)), the downstream stages' transforms (timm's), the batches both make, and normalisation.
 
 The mask is drawn here, once per sample, by the chosen mask generator; the model receives it as noise.
 
@@ -11,19 +12,19 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import default_collate
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from mae.data.sources import ChannelError, check_channels
+from mae.data.images import DECODE_ERRORS, check_channels
+from mae.errors import ChannelError
 from mae.models.masking import mask_generator, num_visible
-
-# The errors a broken image file raises on open or decode.
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError)
-
 
 # numpy's SeedSequence hash (numpy/random/bit_generator.pyx), all arithmetic on 32-bit words.
 _M32 = 0xFFFFFFFF
@@ -176,9 +177,10 @@ class DecodedImages:
         return img, bad
 
 
-def split_bad(samples: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
-    """(the good samples, [(name, reason)] of the files that failed)."""
-    return [s for s in samples if "bad" not in s], [s["bad"] for s in samples if "bad" in s]
+def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
+    """The short side a JPEG may be decoded down to (`BaseSource.set_decode_size`) when a crop of
+    `smallest_crop` of the image's side, resized to `size`, must keep full resolution."""
+    return math.ceil(max(size) / smallest_crop)
 
 
 class PretrainSamples(torch.utils.data.Dataset):
@@ -211,9 +213,8 @@ class PretrainSamples(torch.utils.data.Dataset):
         self.crop_scale = crop_scale
         self.hflip = hflip
         self.generator = torch.Generator()  # reseeded per sample
-        if hasattr(source, "set_decode_size"):
-            # The smallest crop (area crop_scale[0], aspect 3/4) still gets full resolution at this size.
-            source.set_decode_size(math.ceil(max(img_size) / math.sqrt(crop_scale[0] * 3 / 4)))
+        # The smallest crop (area crop_scale[0], aspect 3/4) still gets full resolution at this size.
+        source.set_decode_size(decode_side(img_size, math.sqrt(crop_scale[0] * 3 / 4)))
 
     def __len__(self) -> int:
         return len(self.source)
@@ -237,17 +238,22 @@ class PretrainSamples(torch.utils.data.Dataset):
         return {"image": img if isinstance(img, torch.Tensor) else F.pil_to_tensor(img), "noise": noise, "index": index}
 
 
+def _collate(samples: list[dict], keys: tuple[str, ...]) -> dict:
+    """torch's `default_collate` of the good samples' `keys`; `bad` lists the files that failed to decode
+    ([(name, reason)]), and a batch with no good sample has None for each key."""
+    good = [{k: s[k] for k in keys} for s in samples if "bad" not in s]
+    batch = default_collate(good) if good else dict.fromkeys(keys)
+    return {**batch, "bad": [s["bad"] for s in samples if "bad" in s]}
+
+
 def collate_samples(samples: list[dict]) -> dict:
-    """Stack the good samples; `bad` lists the files that failed to decode."""
-    good, bad = split_bad(samples)
-    if not good:
-        return {"image": None, "noise": None, "index": None, "bad": bad}
-    return {
-        "image": torch.stack([s["image"] for s in good]),
-        "noise": torch.stack([s["noise"] for s in good]),
-        "index": torch.tensor([s["index"] for s in good]),
-        "bad": bad,
-    }
+    """Pretraining samples -> {"image": [N, C, H, W], "noise": [N, L], "index": [N], "bad": [(name, reason)]}."""
+    return _collate(samples, ("image", "noise", "index"))
+
+
+def collate_labeled(samples: list[dict]) -> dict:
+    """Labeled samples -> {"image": [N, C, H, W], "label": [N], "index": [N], "bad": [(name, reason)]}."""
+    return _collate(samples, ("image", "label", "index"))
 
 
 def normalize(
@@ -266,3 +272,91 @@ def denormalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float,
     m = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
     s = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
     return (images * s + m).clamp(0, 1)
+
+
+def eval_transform(size: tuple[int, int], *, crop_pct: float, mean: tuple, std: tuple, in_chans: int = 3) -> Callable:
+    """Evaluation: resize to size / crop_pct, centre-crop `size`, normalise. timm's for RGB (PIL in);
+    the same steps on float tensors [C, H, W] for any other channel count."""
+    if in_chans == 3:
+        from timm.data import create_transform
+
+        return create_transform(
+            (3, *size), is_training=False, crop_pct=crop_pct, interpolation="bicubic", mean=mean, std=std
+        )
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.Resize(math.floor(min(size) / crop_pct), interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+            v2.CenterCrop(list(size)),
+            v2.Normalize(list(mean), list(std)),
+        ]
+    )
+
+
+def train_transform(
+    size: tuple[int, int],
+    *,
+    scale: tuple[float, float],
+    mean: tuple,
+    std: tuple,
+    auto_augment: str | None = None,
+    re_prob: float = 0.0,
+    in_chans: int = 3,
+) -> Callable:
+    """timm's training transform (random-resized crop, flip, optional RandAugment and random erasing),
+    bicubic, with posterize made safe on Pillow >= 13 (see `_posterize`). For another channel count the
+    crop, flip and random erasing run on float tensors; RandAugment, whose ops are RGB image ops, is left
+    out (warned)."""
+    if in_chans != 3:
+        from timm.data.random_erasing import RandomErasing
+        from torchvision.transforms import v2
+
+        if auto_augment:
+            warnings.warn(f"{in_chans}-channel images: RandAugment ({auto_augment}) works on RGB only, left out",
+                          stacklevel=2)  # fmt: skip
+        steps = [
+            v2.RandomResizedCrop(
+                list(size), scale=tuple(scale), interpolation=v2.InterpolationMode.BICUBIC, antialias=True
+            ),
+            v2.RandomHorizontalFlip(),
+            v2.Normalize(list(mean), list(std)),
+        ]
+        if re_prob > 0:
+            steps.append(RandomErasing(re_prob, mode="pixel", max_count=1, device="cpu"))
+        return v2.Compose(steps)
+    from timm.data import create_transform
+
+    transform = create_transform(
+        (3, *size),
+        is_training=True,
+        scale=tuple(scale),
+        hflip=0.5,
+        color_jitter=None,
+        auto_augment=auto_augment,
+        re_prob=re_prob,
+        re_mode="pixel",
+        re_count=1,
+        interpolation="bicubic",
+        mean=mean,
+        std=std,
+    )
+    from timm.data.auto_augment import posterize
+
+    for t in getattr(transform, "transforms", []):
+        policy = getattr(t, "ops", None) or [op for sub in getattr(t, "policy", []) for op in sub]
+        for op in policy:
+            if getattr(op, "aug_fn", None) is posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
+def _posterize(img, bits_to_keep: int, **kwargs):
+    """timm's posterize, keeping the reference meaning of 0 bits (a black image: TF's shift by 8, and
+    Pillow before 13). Pillow 13 refuses 0 bits, and the increasing posterize of `rand-m9-mstd0.5-inc1`
+    asks for 0 when the sampled magnitude reaches 10."""
+    from timm.data.auto_augment import posterize
+
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return posterize(img, bits_to_keep, **kwargs)

@@ -13,9 +13,10 @@ import torch
 from accelerate import Accelerator
 
 from mae.config import ConfigError, to_dict
-from mae.data.labeled import LabeledSamples, collate_labeled, open_labeled, split
-from mae.data.labeled import eval_transform as labeled_eval_transform
-from mae.data.streaming import StreamSource
+from mae.data.labeled import LabeledSamples, split
+from mae.data.open import open_source
+from mae.data.transforms import collate_labeled, decode_side
+from mae.data.transforms import eval_transform as labeled_eval_transform
 from mae.models.encoder import EncoderSpec
 from mae.run_folder import CLASSES, CLASSIFIER
 from mae.train.accelerator import open_accelerator
@@ -82,20 +83,16 @@ def validate(cfg: Any) -> None:
 def labeled_splits(cfg: Any):
     """(train, validation) labeled sources with the same classes."""
     d = cfg.data
-    if d.streaming:
-        if not d.val_path:
-            raise ConfigError(
-                "--data.streaming true: a stream cannot be split into training and validation data; give "
-                "--data.val_path (a labeled folder, shards, or another hf: split, which is streamed too)"
-            )
-        train_src = StreamSource(d.path, d.image_column, d.label_column, labeled=True)
-    else:
-        train_src = open_labeled(d.path, d.image_column, d.label_column)
+    if d.streaming and not d.val_path:
+        raise ConfigError(
+            "--data.streaming true: a stream cannot be split into training and validation data; give "
+            "--data.val_path (a labeled folder, shards, or another hf: split, which is streamed too)"
+        )
+    columns = {"image_column": d.image_column, "label_column": d.label_column}
+    train_src = open_source(d.path, labeled=True, streaming=d.streaming, **columns)
     if d.val_path:
-        if d.streaming and d.val_path.startswith("hf:"):
-            val_src = StreamSource(d.val_path, d.image_column, d.label_column, labeled=True)
-        else:
-            val_src = open_labeled(d.val_path, d.image_column, d.label_column, option="--data.val_path")
+        streamed = d.streaming and d.val_path.startswith("hf:")  # a folder or shards beside a stream: map-style
+        val_src = open_source(d.val_path, labeled=True, streaming=streamed, option="--data.val_path", **columns)
         if list(val_src.classes) != list(train_src.classes):
             raise ConfigError(
                 f"--data.val_path {d.val_path}: its classes {val_src.classes[:5]}... differ from "
@@ -123,14 +120,6 @@ def labeled_eval_loader(setup: Downstream, source: Any, cfg: Any, transform: Any
         num_workers=cfg.data.num_workers,
         decode_side=decode_side(setup.size, cfg.data.crop_pct),
     )
-
-
-def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
-    """The short side a JPEG may be decoded down to when crops down to `smallest_crop` of the image's
-    side must keep full resolution."""
-    import math
-
-    return math.ceil(max(size) / smallest_crop)
 
 
 def save_run_classifier(

@@ -12,12 +12,12 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from mae.config import ConfigError, FinetuneConfig
-from mae.data.labeled import LabeledSamples, collate_labeled, train_transform
+from mae.data.labeled import LabeledSamples
+from mae.data.transforms import collate_labeled, decode_side, train_transform
 from mae.models.classifier import build_classifier, freeze_first_blocks
 from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
     Downstream,
-    decode_side,
     labeled_eval_loader,
     open_downstream,
     save_run_classifier,

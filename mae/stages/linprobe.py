@@ -12,12 +12,12 @@ import torch
 from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, LinprobeConfig
-from mae.data.labeled import LabeledSamples, collate_labeled, train_transform
+from mae.data.labeled import LabeledSamples
+from mae.data.transforms import collate_labeled, decode_side, train_transform
 from mae.models.classifier import LinearProbe, build_classifier, fold_probe_head, probe_head
 from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
     Downstream,
-    decode_side,
     eval_transform,
     labeled_eval_loader,
     open_downstream,

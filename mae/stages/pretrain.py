@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
-from mae.data.sources import open_source
+from mae.data.open import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.models.decoder import PixelDecoder, check_decoder
@@ -170,13 +170,8 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
 def open_pretraining_data(cfg: PretrainConfig):
     """(the training source, a random-access source of its first images): the same for map-style data; a
     stream's first examples give the statistics and previews."""
-    if cfg.data.streaming:
-        from mae.data.streaming import StreamSource
-
-        source = StreamSource(cfg.data.path or "", cfg.data.image_column)
-        return source, source.head(1000)
-    source = open_source(cfg.data.path, cfg.data.image_column)
-    return source, source
+    source = open_source(cfg.data.path, streaming=cfg.data.streaming, image_column=cfg.data.image_column)
+    return source, source.first_examples(1000) if cfg.data.streaming else source
 
 
 def _title(cfg: PretrainConfig, model, images: int) -> str:
@@ -195,9 +190,10 @@ def knn_monitor(cfg: PretrainConfig, img_size: tuple[int, int]) -> KnnMonitor | 
     m = cfg.monitor
     if not m.knn_data:
         return None
-    from mae.data.labeled import LabeledSamples, collate_labeled, eval_transform, open_labeled, split
+    from mae.data.labeled import LabeledSamples, split
+    from mae.data.transforms import collate_labeled, eval_transform
 
-    source = open_labeled(m.knn_data, None, None, option="--monitor.knn_data")
+    source = open_source(m.knn_data, labeled=True, option="--monitor.knn_data")
     bank, query = split(source, m.knn_val_fraction, cfg.seed)
     c = cfg.model.in_chans
     tf = eval_transform(img_size, crop_pct=1.0, mean=cfg.data.mean, std=cfg.data.std, in_chans=c)

@@ -7,10 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mae.config import ShardConfig
-from mae.data.labeled import open_labeled
-from mae.data.shards import write_shards
-from mae.data.sources import open_source
-from mae.errors import DataError
+from mae.data.open import open_source
+from mae.data.shard_writer import write_shards
 from mae.stages.registry import StageResult, register_stage
 
 
@@ -22,16 +20,11 @@ from mae.stages.registry import StageResult, register_stage
 )
 def run_shard(cfg: ShardConfig) -> StageResult:
     """Open `cfg.source` as --data.path would (labeled when asked, or when it can be), write it as shards."""
-    source = None
-    if cfg.labeled is not False:
-        try:
-            source = open_labeled(cfg.source, cfg.image_column, cfg.label_column, option="source")
-        except DataError:
-            if cfg.labeled:
-                raise
-    if source is None:
-        source = open_source(cfg.source, cfg.image_column)
-    what = f"{len(source)} images" + (f" in {len(source.classes)} classes" if hasattr(source, "classes") else "")
+    source = open_source(
+        cfg.source, labeled=cfg.labeled, image_column=cfg.image_column, label_column=cfg.label_column, option="source"
+    )
+    classes = getattr(source, "classes", None)
+    what = f"{len(source)} images" + (f" in {len(classes)} classes" if classes is not None else "")
     print(f"mae shard: {what} from {cfg.source} -> {cfg.output}", flush=True)
     options = {k: v for k, v in asdict(cfg).items() if k != "output"}
     index = write_shards(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mae.config import StatsConfig
-from mae.data.sources import open_source
+from mae.data.open import open_source
 from mae.data.stats import channel_stats
 from mae.stages.registry import StageResult, register_stage
 
@@ -12,7 +12,7 @@ from mae.stages.registry import StageResult, register_stage
     "stats", StatsConfig, "Print the per-channel mean and std of a data set (what --data.mean auto measures)."
 )
 def run_stats(cfg: StatsConfig) -> StageResult:
-    source = open_source(cfg.data.path, cfg.data.image_column)
+    source = open_source(cfg.data.path, image_column=cfg.data.image_column)
     mean, std = channel_stats(source, cfg.model.in_chans, samples=cfg.samples, seed=cfg.seed)
     print(f"{len(source)} images, {min(cfg.samples, len(source))} measured (seed {cfg.seed}), pixels in [0, 1]")
     print(f"mean {mean}\nstd  {std}")

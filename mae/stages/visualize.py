@@ -21,8 +21,8 @@ def _read_images(files: list[str], size: tuple[int, int], in_chans: int = 3) -> 
     centre-cropped to `size`, read as training reads it; a folder gives its first `PREVIEW_IMAGES` images."""
     from torchvision.transforms.v2 import functional as F
 
-    from mae.data.sources import ChannelError, iter_image_files, read_array, read_rgb
-    from mae.data.transforms import DECODE_ERRORS
+    from mae.data.images import DECODE_ERRORS, iter_image_files, read_array, read_rgb
+    from mae.errors import ChannelError
 
     images = []
     listed = [sorted(iter_image_files(f))[:PREVIEW_IMAGES] if Path(f).is_dir() else [f] for f in files]

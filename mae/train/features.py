@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 
-from mae.data.sources import DataError
+from mae.errors import DataError
 from mae.train.metrics import report_bad_files
 
 

@@ -16,8 +16,10 @@ from safetensors.torch import load_file
 
 import mae
 from mae.cli import main
-from mae.data.sources import ChannelError, FolderSource, read_array
+from mae.data.folder import FolderSource
+from mae.data.images import read_array
 from mae.data.transforms import PretrainSamples
+from mae.errors import ChannelError
 
 H, W = 64, 96
 

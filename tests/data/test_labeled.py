@@ -7,8 +7,9 @@ import torch
 from PIL import Image
 
 from mae.config import AugmentConfig
-from mae.data.labeled import LabeledHF, train_transform
-from mae.data.sources import DataError
+from mae.data.hf import LabeledHF
+from mae.data.transforms import train_transform
+from mae.errors import DataError
 
 
 def _image(seed=0):
@@ -57,8 +58,7 @@ def test_the_default_finetune_transform_runs_many_times():
 
 
 def test_folders_that_are_not_class_folders_are_refused(tmp_path):
-    from mae.data.labeled import LabeledFolder
-    from mae.data.sources import DataError
+    from mae.data.folder import LabeledFolder
     from tests.conftest import make_images, make_labeled
 
     make_images(tmp_path / "nested", n=12)  # a0/b0, a0/b1, a1/b0, ...: an unlabeled photo tree
@@ -81,7 +81,8 @@ def test_a_seeded_sample_leaves_the_global_generators_going_on_from_where_they_w
     a function of their earlier state, not of the sample's seed."""
     import random
 
-    from mae.data.labeled import LabeledFolder, LabeledSamples
+    from mae.data.folder import LabeledFolder
+    from mae.data.labeled import LabeledSamples
     from tests.conftest import make_labeled
 
     make_labeled(tmp_path, per_class=2, size=40)

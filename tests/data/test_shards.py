@@ -18,10 +18,11 @@ from safetensors.torch import load_file
 
 import mae
 from mae.cli import main
-from mae.data.labeled import open_labeled
+from mae.data.folder import FolderSource
+from mae.data.open import open_source
 from mae.data.samplers import EpochSampler
-from mae.data.shards import INDEX, open_shards, write_shards
-from mae.data.sources import FolderSource, open_source
+from mae.data.shard_writer import write_shards
+from mae.data.shards import INDEX, open_shards
 
 PRETRAIN = ["--model.name", "mae_vit_micro_patch8", "--model.img_size", "32", "--data.num_workers", "0",
             "--loop.progress", "false", "--loop.mixed_precision", "no", "--loop.log_every", "1",
@@ -62,7 +63,7 @@ def test_mae_shard_writes_tar_shards_and_an_index(corpus):
     assert sorted(p.name for p in shards.iterdir()) == [INDEX] + [f"shard-{k:06d}.tar" for k in range(4)]
     assert index["classes"] == ["blue", "green", "red"] and index["options"]["samples_per_shard"] == 12
     # Every image stored as it was (bytes untouched), with its class, in a shuffled order.
-    original = open_labeled(str(folder), None, None)
+    original = open_source(str(folder), labeled=True)
     read = open_shards(str(shards), labeled=True)
     keys = [int(read.name(i).rsplit(":", 1)[1]) for i in range(len(read))]
     assert sorted(keys) == list(range(48)) and keys != list(range(48))
@@ -84,12 +85,12 @@ def test_every_form_of_the_path_reads_the_same_set(corpus, tmp_path, monkeypatch
     bare = tmp_path / "bare"
     shutil.copytree(shards, bare)
     (bare / INDEX).unlink()
-    counted = open_labeled(str(bare / "shard-{000000..000003}.tar"), None, None)
+    counted = open_source(str(bare / "shard-{000000..000003}.tar"), labeled=True)
     assert len(by_folder) == len(brace) == len(by_index) == len(counted) == 48
     assert [brace.name(i).rsplit(":", 1)[1] for i in range(48)] == [
         by_folder.name(i).rsplit(":", 1)[1] for i in range(48)
     ]
-    assert list(counted.labels) == list(open_labeled(str(shards), None, None).labels)
+    assert list(counted.labels) == list(open_source(str(shards), labeled=True).labels)
     assert open_source(str(shards / "shard-000002.tar")).__len__() == 12
 
 
@@ -112,7 +113,7 @@ LOADER_SCRIPT = textwrap.dedent(
     from dataclasses import replace
     from accelerate import Accelerator
     from mae.config import PretrainConfig
-    from mae.data.sources import open_source
+    from mae.data.open import open_source
     from mae.data.transforms import PretrainSamples, collate_samples
     from mae.train.loaders import training_loader
 
@@ -282,7 +283,7 @@ def test_max_size_shrinks_large_images_only_and_keeps_precision(tmp_path):
 
 def test_an_interrupted_shard_run_leaves_no_shard_set(tmp_path, monkeypatch):
     folder = make_jpegs(tmp_path / "jpegs", per_class=4)
-    import mae.data.shards as shards_module
+    import mae.data.shard_writer as shards_module
 
     calls = {"n": 0}
     original = shards_module._raw_image
@@ -295,7 +296,7 @@ def test_an_interrupted_shard_run_leaves_no_shard_set(tmp_path, monkeypatch):
 
     monkeypatch.setattr(shards_module, "_raw_image", dying)
     with pytest.raises(KeyboardInterrupt):
-        write_shards(open_labeled(str(folder), None, None), tmp_path / "out", samples_per_shard=4, progress=False)
+        write_shards(open_source(str(folder), labeled=True), tmp_path / "out", samples_per_shard=4, progress=False)
     assert not (tmp_path / "out" / INDEX).exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "shard-000000.tar",
@@ -305,6 +306,6 @@ def test_an_interrupted_shard_run_leaves_no_shard_set(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="no images found|not a shard index"):
         open_source(str(tmp_path / "out"))
     monkeypatch.setattr(shards_module, "_raw_image", original)
-    write_shards(open_labeled(str(folder), None, None), tmp_path / "out", samples_per_shard=4, progress=False)
+    write_shards(open_source(str(folder), labeled=True), tmp_path / "out", samples_per_shard=4, progress=False)
     assert len(open_source(str(tmp_path / "out"))) == 12
     assert not list((tmp_path / "out").glob("*.partial"))

@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 from PIL import Image, features
 
-from mae.data.sources import DataError, DemoSource, FolderSource, HFSource, open_source, read_array, read_rgb, to_rgb
+from mae.data.demo import DemoSource
+from mae.data.folder import FolderSource
+from mae.data.hf import HFSource
+from mae.data.images import read_array, read_rgb, to_rgb
+from mae.data.open import open_source
+from mae.errors import DataError
 
 
 def _exif_rotated_jpeg(path):

@@ -41,7 +41,7 @@ def ids(batch) -> list[int]:
 
 
 def stream(path, rank=0, world=1, shuffle=True) -> StreamSamples:
-    source = StreamSource(f"hf:{path}", None)
+    source = StreamSource(f"hf:{path}")
 
     def prepare(img, epoch, index):
         return {"image": torch.from_numpy(np.asarray(img)).permute(2, 0, 1), "noise": torch.zeros(1), "index": index}
@@ -56,7 +56,7 @@ def loader(samples, workers=0, batch=4) -> StreamLoader:
 
 
 def test_the_size_comes_from_the_data_and_each_process_reads_its_part(parquet_set):
-    source = StreamSource(f"hf:{parquet_set}", None)
+    source = StreamSource(f"hf:{parquet_set}")
     assert len(source) == 40 and source.dataset.n_shards == 4
     parts = []
     for rank in range(2):
@@ -124,11 +124,11 @@ def test_streaming_a_folder_is_one_line(tmp_path, capsys):
 
 
 def test_stream_source_gives_classes_and_checks_channels(parquet_set):
-    from mae.data.sources import ChannelError
+    from mae.errors import ChannelError
 
-    source = StreamSource(f"hf:{parquet_set}", None, labeled=True)
+    source = StreamSource(f"hf:{parquet_set}", labeled=True)
     assert source.classes == ["dark", "light"]
-    head = source.head(3)
+    head = source.first_examples(3)
     assert head.load_array(0).shape == (36, 36, 3) and list(head.labels) == [0, 0, 0]
     with pytest.raises(ChannelError, match="3 channel"):
         source.decode(head.examples[0]["image"], 1, "example 0")

@@ -1,8 +1,9 @@
 import torch
 from PIL import Image
 
+from mae.data.base import BaseSource
+from mae.data.folder import FolderSource
 from mae.data.samplers import EpochSampler
-from mae.data.sources import FolderSource
 from mae.data.transforms import PretrainSamples, collate_samples
 from tests.conftest import make_images
 
@@ -66,7 +67,7 @@ def test_decompression_bomb_is_skipped(tmp_path):
     assert name.endswith("ok.png") and "DecompressionBomb" in reason
 
 
-class _Counting:
+class _Counting(BaseSource):
     """A source that counts its decodes."""
 
     def __init__(self, source):
@@ -89,7 +90,9 @@ class _Counting:
 
 
 def test_a_small_set_is_decoded_once_and_samples_stay_what_they_were(tmp_path):
-    from mae.data.labeled import LabeledFolder, LabeledSamples, train_transform
+    from mae.data.folder import LabeledFolder
+    from mae.data.labeled import LabeledSamples
+    from mae.data.transforms import train_transform
     from tests.conftest import make_labeled
 
     make_images(tmp_path / "imgs", n=6, size=24)

@@ -25,7 +25,7 @@ ARGS = ["pretrain", "--model.name", "mae_vit_micro_patch8", "--model.img_size", 
 FAILURES = {
     "a_dataset_item_raises": (
         """
-        from mae.data.sources import FolderSource
+        from mae.data.folder import FolderSource
         f = FolderSource.load
         def load(self, i):
             if i == 5:
@@ -47,7 +47,7 @@ FAILURES = {
     "a_worker_is_killed": (
         """
         import torch
-        from mae.data.sources import FolderSource
+        from mae.data.folder import FolderSource
         f = FolderSource.load
         def load(self, i):
             if i == 5 and torch.utils.data.get_worker_info() is not None:

@@ -93,7 +93,7 @@ def deny_locked(monkeypatch):
             raise PermissionError(errno.EACCES, "Permission denied", str(fp))
         return real_open(fp, *args, **kwargs)
 
-    monkeypatch.setattr("mae.data.sources.Image.open", open_)
+    monkeypatch.setattr("mae.data.images.Image.open", open_)
 
 
 def test_pretraining_survives_a_corrupt_corpus(tmp_path, monkeypatch, deny_locked):
@@ -120,7 +120,7 @@ def test_pretraining_survives_a_corrupt_corpus(tmp_path, monkeypatch, deny_locke
     assert "DecompressionBomb" in next(m for m in messages if "bomb.png" in m)  # refused from the header alone
     last = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' not in x]
     assert last[-1]["skipped_files"] == len(bad)
-    src = mae.data.sources.FolderSource(tmp_path / "data")
+    src = mae.data.folder.FolderSource(tmp_path / "data")
     assert {Path(src.name(i)).name for i in seen} == good  # every good file was trained on
 
 
