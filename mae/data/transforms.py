@@ -183,6 +183,12 @@ def decode_side(size: tuple[int, int], smallest_crop: float) -> int:
     return math.ceil(max(size) / smallest_crop)
 
 
+def crop_decode_side(size: tuple[int, int], min_scale: float) -> int:
+    """`decode_side` for random-resized crops of at least `min_scale` of the area: the narrowest such crop (aspect
+    3/4) spans sqrt(min_scale x 3/4) of the short side."""
+    return decode_side(size, math.sqrt(min_scale * 3 / 4))
+
+
 class PretrainSamples(torch.utils.data.Dataset):
     """`dataset[(epoch, index)]` -> {"image": [C, H, W], "noise": [L], "index": int} (uint8 for RGB, float in
     [0, 1] at the file's precision for other channel counts), or
@@ -214,7 +220,7 @@ class PretrainSamples(torch.utils.data.Dataset):
         self.hflip = hflip
         self.generator = torch.Generator()  # reseeded per sample
         # The smallest crop (area crop_scale[0], aspect 3/4) still gets full resolution at this size.
-        source.set_decode_size(decode_side(img_size, math.sqrt(crop_scale[0] * 3 / 4)))
+        source.set_decode_size(crop_decode_side(img_size, crop_scale[0]))
 
     def __len__(self) -> int:
         return len(self.source)

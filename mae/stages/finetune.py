@@ -3,7 +3,6 @@ RandAugment, mixup/cutmix, label smoothing), optionally with its first blocks fr
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from mae.config import ConfigError, FinetuneConfig
 from mae.data.labeled import LabeledSamples
-from mae.data.transforms import collate_labeled, decode_side, train_transform
+from mae.data.transforms import collate_labeled, crop_decode_side, train_transform
 from mae.models.classifier import build_classifier, freeze_first_blocks
 from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
@@ -47,7 +46,7 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
         setup.size, scale=a.crop_scale, mean=setup.mean, std=setup.std, auto_augment=a.auto_augment,
         re_prob=a.reprob, in_chans=setup.in_chans,
     )  # fmt: skip
-    side = decode_side(setup.size, math.sqrt(a.crop_scale[0] * 3 / 4))
+    side = crop_decode_side(setup.size, a.crop_scale[0])
     train_ds = LabeledSamples(setup.train, train_tf, seed=cfg.seed, decode_side=side, in_chans=setup.in_chans)
     mixup, criterion = mixup_and_criterion(cfg, len(setup.classes))
     o, accelerator = cfg.optim, setup.accelerator

@@ -3,7 +3,6 @@ features, cached once (`--mode cached`) or through the encoder with the paper's 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, LinprobeConfig
 from mae.data.labeled import LabeledSamples
-from mae.data.transforms import collate_labeled, decode_side, train_transform
+from mae.data.transforms import collate_labeled, crop_decode_side, decode_side, train_transform
 from mae.models.classifier import LinearProbe, build_classifier, fold_probe_head, probe_head
 from mae.models.encoder import encoder_adapter
 from mae.stages.downstream import (
@@ -87,7 +86,7 @@ def probe_data(cfg: LinprobeConfig, setup: Downstream, encoder: torch.nn.Module,
     c, size = setup.in_chans, setup.size
     if cfg.augment:
         train_tf = train_transform(size, scale=(0.08, 1.0), mean=setup.mean, std=setup.std, in_chans=c)
-        side = decode_side(size, math.sqrt(0.08 * 3 / 4))
+        side = crop_decode_side(size, 0.08)
     else:
         train_tf, side = eval_tf, decode_side(size, cfg.data.crop_pct)
     train_ds = LabeledSamples(setup.train, train_tf, seed=cfg.seed, decode_side=side, in_chans=c)

@@ -74,6 +74,8 @@ def _gather_uneven(accelerator: Accelerator, out: torch.Tensor | None, batch: di
     """(outputs, labels, dataset indices) of a batch from every process, which may hold different numbers of
     readable images (none at all on some): padded to the largest, gathered, the padding dropped. (None, None,
     None) when no process read any."""
+    # Not Accelerate's `pad_across_processes`: a process that read no image of the batch has no tensor (nor
+    # feature width) to pad, so sizes and widths are gathered first.
     device = accelerator.device
     n = 0 if out is None else len(out)
     width = 0 if out is None else out.shape[1]
@@ -136,12 +138,11 @@ def knn_scores(
 
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """top1 (and top5 where there are at least 5 classes), in percent."""
-    result = {"top1": (scores.argmax(1) == labels).float().mean().item() * 100}
-    if scores.shape[1] >= 5:
-        top5 = scores.topk(5, dim=1).indices
-        result["top5"] = (top5 == labels[:, None]).any(1).float().mean().item() * 100
-    return result
+    """top1 (and top5 where there are at least 5 classes), in percent (timm's `accuracy`)."""
+    from timm.utils import accuracy
+
+    ks = (1, 5) if scores.shape[1] >= 5 else (1,)
+    return {f"top{k}": value.item() for k, value in zip(ks, accuracy(scores, labels, topk=ks), strict=True)}
 
 
 class KnnMonitor:

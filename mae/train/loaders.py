@@ -189,7 +189,9 @@ class StreamLoader:
 
     def restore(self, checkpoint: Path, rank: int) -> None:
         """Continue from the positions this process saved in `checkpoint`."""
-        state = load_process_state(checkpoint, rank)
+        self.load_state_dict(load_process_state(checkpoint, rank))
+
+    def load_state_dict(self, state: dict) -> None:
         self.dataset.epoch = self._positions_epoch = int(state["epoch"])
         self.dataset.positions = {int(w): p for w, p in state["workers"].items()}
         self._next_worker = int(state["next_worker"])

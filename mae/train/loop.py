@@ -191,13 +191,23 @@ class _Run:
             self.log(lr)
         if state.step % self.loop.checkpoint_every == 0:
             self.checkpoint()
-        if state.step % self.stop_every == 0 and _any(acc, stop.requested):
+        if state.step % self.stop_every == 0 and self.stop_agreed(stop):
             self.checkpoint()
             acc.print(
                 f"\nstopped by signal at step {state.step}; checkpoint saved. Run the same command again to resume."
             )
             self.bar.close()
             raise SystemExit(0)
+
+    def stop_agreed(self, stop: _StopRequest) -> bool:
+        """Whether to stop now: one process reads its own flag; several agree through Accelerate's trigger, which
+        any process may raise and all read together (a collective: every process calls this at the same steps)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return stop.requested
+        if stop.requested:
+            acc.set_trigger()
+        return acc.check_trigger()
 
     def log(self, lr: float) -> None:
         """A metrics line (and the end of a run of non-finite steps too long to go on)."""
@@ -404,9 +414,3 @@ def _total(accelerator: Accelerator, value: int) -> int:
     if accelerator.num_processes == 1:
         return int(value)
     return int(accelerator.reduce(torch.tensor(value, device=accelerator.device), "sum").item())
-
-
-def _any(accelerator: Accelerator, flag: bool) -> bool:
-    if accelerator.num_processes == 1:
-        return flag
-    return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "max").item())
