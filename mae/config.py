@@ -255,6 +255,14 @@ class PretrainedConfig:
 class PretrainConfig(TrainingConfig):
     """mae pretrain."""
 
+    init: str | None = None
+    """Start from these weights: any file or folder `load_pretrained` reads (an official .pth with or without its
+    decoder, a transformers ViTMAE folder, a timm MAE encoder, this toolkit's exports and run folders). The decoder
+    comes too when the file has one (else a fresh one, warned); step, optimizer and schedule start fresh. The
+    architecture is the file's: --model options that differ from their defaults override it (a different
+    --model.in_chans adapts the patch embedding, a different --model.img_size rebuilds the position tables)."""
+    init_sha256: str | None = None
+    """The sha256 of the --init weights, recorded by the run in config.yaml (given, it must match the file)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, PretrainConfig, to_dict
+from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, ModelConfig, PretrainConfig, to_dict
 from mae.data.open import open_source
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
+from mae.errors import CheckpointError
 from mae.models.decoder import PixelDecoder, check_decoder
+from mae.models.mae import MaskedAutoencoder
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.run_folder import ENCODER, PREVIEW
@@ -24,6 +28,7 @@ from mae.train.optim import adamw
 from mae.train.tasks import PretrainTask
 from mae.train.trainer import train
 from mae.weights.export import save_encoder
+from mae.weights.importers import load_pretrained, locate_weights
 
 PREVIEW_IMAGES = 8  # images in the reconstruction previews
 
@@ -47,6 +52,65 @@ def model_kwargs(cfg: PretrainConfig) -> dict:
         if getattr(m, name) is not None:
             kwargs[name] = getattr(m, name)
     return kwargs
+
+
+_ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "decoder_embed_dim", "decoder_depth",
+                 "decoder_num_heads", "decoder_mlp_ratio")  # fmt: skip
+_INPUT_AND_LOSS = ("img_size", "in_chans", "mask_ratio", "norm_pix_loss", "decoder", "predict_ratio")
+
+
+def start_model(cfg: PretrainConfig) -> tuple[PretrainConfig, MaskedAutoencoder | None]:
+    """With --init: its weights as the MAE to train, and `cfg` stating the architecture they fix (its model
+    section) and their sha256 (so a rerun resumes only on the same weights). Without: (cfg, None)."""
+    if not cfg.init:
+        return cfg, None
+    try:
+        path, _ = locate_weights(cfg.init)
+        digest = _sha256(path)
+        if cfg.init_sha256 and cfg.init_sha256 != digest:
+            raise ConfigError(
+                f"--init_sha256 {cfg.init_sha256}: {path} now has sha256 {digest}: the weights changed since the "
+                "run started; restore them, or start a new run (another --output_dir, or --resume never)"
+            )
+        m, default = cfg.model, ModelConfig()
+        overrides = {k: getattr(m, k) for k in _ARCHITECTURE if getattr(m, k) is not None}
+        overrides |= {k: getattr(m, k) for k in _INPUT_AND_LOSS if getattr(m, k) != getattr(default, k)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = load_pretrained(cfg.init, **overrides)
+    except CheckpointError as e:
+        raise ConfigError(f"--init {cfg.init}: {e}") from None
+    for w in caught:  # e.g. an encoder-only file's fresh decoder, a classifier's dropped head
+        print(f"mae pretrain: warning: --init: {w.message}", file=sys.stderr)
+    return replace(cfg, init_sha256=digest, model=replace(cfg.model, **_architecture(model))), model
+
+
+def _architecture(model: MaskedAutoencoder) -> dict:
+    """The model section's fields that rebuild `model` (`create_mae(name, **model_kwargs(cfg))`)."""
+    enc, dec = model.adapter, model.decoder
+    h, w = model.img_size
+    _, args = enc.timm_architecture()
+    facts = {
+        "name": model.encoder_arch, "img_size": h if h == w else [h, w], "patch_size": model.patch_size,
+        "in_chans": model.in_chans, "embed_dim": enc.embed_dim, "depth": enc.depth, "num_heads": enc.num_heads,
+        "mlp_ratio": args.get("mlp_ratio", 4.0), "mask_ratio": model.mask_ratio, "norm_pix_loss": model.norm_pix_loss,
+        "decoder": model.decoder_name,
+    }  # fmt: skip
+    if isinstance(dec, PixelDecoder):
+        facts |= {"decoder_embed_dim": dec.embed.out_features, "decoder_depth": len(dec.blocks),
+                  "predict_ratio": dec.predict_ratio}  # fmt: skip
+        if len(dec.blocks):
+            facts |= {"decoder_num_heads": dec.blocks[0].attn.num_heads,
+                      "decoder_mlp_ratio": dec.blocks[0].mlp.fc1.out_features / dec.embed.out_features}  # fmt: skip
+    return facts
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:
@@ -116,13 +180,14 @@ def resolve_data_stats(cfg: PretrainConfig, source) -> PretrainConfig:
 @register_stage("pretrain", PretrainConfig, "Pretrain a ViT encoder by masked autoencoding.", demo=DEMO_OVERRIDES)
 def run_pretrain(cfg: PretrainConfig) -> StageResult:
     """Pretrain per `cfg`: the encoder goes to OUTPUT_DIR/encoder.safetensors."""
+    cfg, model = start_model(cfg)
     validate_pretrain(cfg)
     source, first = open_pretraining_data(cfg)
     cfg = resolve_data_stats(cfg, first)
     output_dir = Path(cfg.output_dir)
     resume_from = find_resume_checkpoint(cfg)
     accelerator = open_accelerator(cfg)
-    model = create_mae(cfg.model.name, **model_kwargs(cfg))
+    model = model or create_mae(cfg.model.name, **model_kwargs(cfg))
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
     samples = PretrainSamples(

@@ -221,11 +221,27 @@ def to_mae_keys(state: dict[str, torch.Tensor], path: Path) -> tuple[dict[str, t
     if "encoder.blocks.0.attn.qkv.weight" in state:
         return dict(state), "mae"
     if "blocks.0.attn.qkv.weight" in state and "patch_embed.proj.weight" in state:
+        state = _drop_head(state, path)
         return official_to_mae(state), "official" if "decoder_embed.weight" in state else "timm/official encoder"
     raise CheckpointError(
-        f"{path}: not a ViT MAE checkpoint (found keys like {sorted(state)[:3]}; expected timm ViT keys "
-        "such as blocks.0.attn.qkv.weight, transformers' vit.embeddings.*, or this project's encoder.*)"
+        f"{path}: not a ViT MAE checkpoint: no encoder weights in it (found keys like {sorted(state)[:3]}; "
+        "expected timm ViT keys such as blocks.0.attn.qkv.weight, transformers' vit.embeddings.*, or this "
+        "project's encoder.*)"
     )
+
+
+def _drop_head(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """A timm classifier (a fine-tuned or probed one) as an encoder: its head dropped, and its `fc_norm` (the norm of
+    the pooled features, which took the final norm's place) read as the final norm; said in a warning."""
+    if "head.weight" not in state:
+        return state
+    out = {k: v for k, v in state.items() if not k.startswith("head.")}
+    note = "its classifier head is dropped"
+    if "norm.weight" not in out and "fc_norm.weight" in out:
+        out = {("norm." + k[len("fc_norm.") :] if k.startswith("fc_norm.") else k): v for k, v in out.items()}
+        note += " and its fc_norm serves as the encoder's final norm"
+    warnings.warn(f"{path} is a classifier: {note}; the encoder is kept", stacklevel=3)
+    return out
 
 
 def _count(state: dict[str, torch.Tensor], prefix: str) -> int:
@@ -294,13 +310,9 @@ def _find_weights(folder: Path) -> Path:
     raise CheckpointError(f"{folder}: no model.safetensors, encoder.safetensors or pytorch_model.bin in it")
 
 
-def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoencoder:
-    """A `MaskedAutoencoder` from any format in this module's table.
-
-    The architecture comes from the tensors and any metadata; `overrides` (`create_mae`'s names,
-    e.g. `num_heads`, `decoder_num_heads`, `norm_pix_loss`, `img_size`) supply or replace the rest.
-    An encoder-only file gets a freshly initialised decoder, with a warning.
-    """
+def locate_weights(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """(the weights file `load_pretrained` reads for `path`, the architecture hints found beside it): a run folder's
+    latest checkpoint, a checkpoint, an hf folder's weights, or the file itself."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder")
@@ -316,9 +328,30 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
         p = _find_weights(p)
     elif p.name == HF_WEIGHTS and (p.parent / HF_CONFIG).exists():
         hints.update(_hf_hints(p.parent / HF_CONFIG))
+    return p, hints
+
+
+def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoencoder:
+    """A `MaskedAutoencoder` from any format in this module's table.
+
+    The architecture comes from the tensors and any metadata; `overrides` (`create_mae`'s names,
+    e.g. `num_heads`, `decoder_num_heads`, `norm_pix_loss`, `img_size`, `in_chans`) supply or replace the rest: a
+    different `img_size` rebuilds the fixed position tables, a different `in_chans` adapts the patch embedding.
+    The shape of the weights themselves (patch size, widths, depths) cannot be overridden. An encoder-only file
+    gets a freshly initialised decoder, with a warning.
+    """
+    p, hints = locate_weights(path)
     raw, meta = read_tensors(p)
     state, fmt = to_mae_keys(raw, p)
     hints.update(_metadata_hints(meta))
+    proj = state["encoder.patch_embed.proj.weight"]  # [D, C, p, p]: what the tensors themselves fix
+    stored = {"patch_size": proj.shape[-1], "embed_dim": proj.shape[0], "depth": _count(state, "encoder.blocks.")}
+    for name in ("patch_size", "embed_dim", "depth"):
+        if overrides.get(name) is not None and overrides[name] != stored[name]:
+            raise CheckpointError(
+                f"{p}: its weights have {name} {stored[name]}, not the {overrides[name]} asked for; drop that option "
+                f"or set it to {stored[name]}"
+            )
     hints.update(overrides)
     kwargs = infer_model_kwargs(state, hints, p)
     has_decoder = any(k.startswith("decoder.") for k in state)  # any registered decoder's weights
@@ -329,7 +362,11 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     if model.grid_size != _grid_of(state):  # fixed sine-cosine tables: rebuild, never resample
         state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
     state, fresh = _adapt_channels(state, model.in_chans, p)
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a shape the options changed (e.g. a decoder width)
+        reason = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise CheckpointError(f"{p}: the weights do not fit the model the options describe ({reason})") from None
     # Position embeddings are fixed tables, and an encoder-only file leaves the decoder to its init.
     missing = [
         k
