@@ -243,9 +243,8 @@ def _title(cfg: PretrainConfig, model, images: int) -> str:
     """The start line's head: what is pretrained, on what."""
     dec = model.decoder
     size = f" {dec.embed.out_features} x {len(dec.blocks)}" if isinstance(dec, PixelDecoder) else ""
-    arch = (
-        f"{cfg.model.name}: {model.adapter.describe()}, {cfg.model.decoder} decoder{size}, {cfg.model.masking} masking"
-    )
+    start = f"--init {Path(cfg.init).name}" if cfg.init else cfg.model.name
+    arch = f"{start}: {model.adapter.describe()}, {cfg.model.decoder} decoder{size}, {cfg.model.masking} masking"
     where = f"{cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"
     return f"pretraining {arch} on {images} images ({where})"
 
