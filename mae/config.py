@@ -192,6 +192,8 @@ class LoopConfig:
     """How many recent checkpoints to keep."""
     eval_every: int = ranged(20, ge=0)
     """Epochs between evaluations (pretraining: reconstruction previews); one always runs at the end; 0 = only then."""
+    min_steps: int = ranged(0, ge=0)
+    """Train at least this many optimizer steps: --loop.epochs grows on small data sets (0 = epochs alone)."""
     max_nonfinite_steps: int = ranged(20, ge=1)
     """Consecutive non-finite losses that stop the run."""
     log_with: str = "auto"
@@ -314,6 +316,9 @@ class ClassifierModelConfig:
     paper's partial fine-tuning): no backward pass through them; 0 trains every layer."""
     ema_decay: float | None = ranged(None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.9999); evaluated and exported."""
+    head_init: Literal["probe", "random"] = "probe"
+    """Fine-tuning: probe = start the head from a linear probe fitted on the frozen features it will see (LP-FT,
+    Kumar et al. 2022; its top-1 is logged as the starting point); random = the paper's near-zero init."""
 
 
 # At effective batches below this, LARS's trust ratio makes tiny steps: the probe's `auto` takes SGD there.

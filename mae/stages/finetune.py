@@ -3,6 +3,7 @@ RandAugment, mixup/cutmix, label smoothing), optionally with its first blocks fr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from mae.data.labeled import LabeledSamples
 from mae.data.transforms import collate_labeled, crop_decode_side, train_transform
 from mae.models.classifier import build_classifier, freeze_first_blocks
 from mae.models.encoder import encoder_adapter
+from mae.run_folder import METRICS
 from mae.stages.downstream import (
     Downstream,
     labeled_eval_loader,
@@ -22,7 +24,9 @@ from mae.stages.downstream import (
     save_run_classifier,
 )
 from mae.stages.registry import StageResult, register_stage
-from mae.train.accelerator import full_state_dict, plain_model
+from mae.train.accelerator import full_state_dict, plain_model, warn
+from mae.train.features import predict, topk_accuracy
+from mae.train.loaders import prepare_eval
 from mae.train.optim import adamw
 from mae.train.tasks import ClassifierTask
 from mae.train.trainer import train
@@ -40,6 +44,9 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
         drop_path_rate=cfg.model.drop_path,
     )
     torch.nn.init.trunc_normal_(model.head.weight, std=2e-5)
+    preamble = (
+        [fit_head_as_probe(model, cfg, setup)] if cfg.model.head_init == "probe" and not setup.resume_from else []
+    )
     freeze(model, cfg, setup)
     a = cfg.aug
     train_tf = train_transform(
@@ -67,12 +74,14 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
         f"{len(setup.classes)} classes",
         resume_from=setup.resume_from,
         val_loader=labeled_eval_loader(setup, setup.val, cfg),
+        preamble=preamble,
     )
     if task.ema is not None:
         path = save_run_classifier(setup, cfg, task.ema.module, arch, args)
     else:
         state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
         path = save_run_classifier(setup, cfg, plain_model(accelerator, model), arch, args, state)
+    _compare_with_probe(setup, Path(cfg.output_dir), task.last_evaluation)
     return StageResult(Path(cfg.output_dir), task.last_evaluation, path)
 
 
@@ -118,3 +127,62 @@ def mixup_and_criterion(cfg: FinetuneConfig, num_classes: int) -> tuple[Any, tor
     if a.smoothing > 0:
         return None, LabelSmoothingCrossEntropy(a.smoothing)
     return None, torch.nn.CrossEntropyLoss()
+
+
+class _PreLogits(torch.nn.Module):
+    """What a timm classifier's head sees: pooled (and fc_norm'ed) features."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_head(self.model.forward_features(x), pre_logits=True)
+
+
+def fit_head_as_probe(model: torch.nn.Module, cfg: FinetuneConfig, setup: Downstream) -> dict:
+    """LP-FT (Kumar et al. 2022): fit the head as a linear probe on the frozen features it will see (training images
+    through the eval transform, computed once), so fine-tuning starts from a head that already separates the classes
+    and the early gradients do not distort the pretrained features. Returns the probe's validation metrics line."""
+    acc = setup.accelerator
+    features = _PreLogits(model).to(acc.device)  # `predict` runs it in eval mode and restores the mode
+    x, y = predict(features, prepare_eval(acc, labeled_eval_loader(setup, setup.train, cfg)), acc)
+    vx, vy = predict(features, prepare_eval(acc, labeled_eval_loader(setup, setup.val, cfg)), acc)
+    head = torch.nn.Linear(x.shape[1], len(setup.classes))
+    torch.nn.init.zeros_(head.weight), torch.nn.init.zeros_(head.bias)
+    # Full-batch L-BFGS on the cached features: deterministic, the same on every process, seconds on a CPU.
+    opt = torch.optim.LBFGS(head.parameters(), lr=1.0, max_iter=PROBE_ITERATIONS, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(head(x), y) + PROBE_L2 * head.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        model.head.weight.copy_(head.weight), model.head.bias.copy_(head.bias)
+        logits = head(vx)
+    record = {"step": 0, "epoch": 0, "eval": "probe_init", "loss": torch.nn.functional.cross_entropy(logits, vy).item(),
+              **topk_accuracy(logits, vy), "samples": len(vy)}  # fmt: skip
+    acc.print(f"head from a linear probe (LP-FT): top1 {record['top1']:.2f}% on {len(vy)} validation images")
+    return record
+
+
+PROBE_ITERATIONS = 100  # L-BFGS iterations of the LP-FT probe
+PROBE_L2 = 1e-4  # its L2 penalty on the head's weights (logistic regression's usual regulariser)
+
+
+def _compare_with_probe(setup: Downstream, output_dir: Path, final: dict) -> None:
+    """Say so when fine-tuning ended below the probe it started from (its line in metrics.jsonl, also on resume)."""
+    if not setup.accelerator.is_main_process:
+        return
+    lines = [json.loads(s) for s in (output_dir / METRICS).read_text().splitlines()]
+    start = next((m for m in lines if m.get("eval") == "probe_init"), None)
+    if start and final.get("top1", 100.0) < start["top1"]:
+        warn(
+            setup.accelerator,
+            f"fine-tuning ended at top1 {final['top1']:.2f}%, below the {start['top1']:.2f}% of the linear probe it "
+            "started from: train longer (--loop.min_steps), lower --optim.blr, or freeze blocks "
+            "(--model.frozen_blocks); the probe itself is what `mae linprobe` gives",
+        )

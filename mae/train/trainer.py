@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,12 @@ def train(
     title: str,
     resume_from: Path | None,
     val_loader: torch.utils.data.DataLoader | None = None,
+    preamble: list[dict[str, Any]] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """Train `model` per `cfg` (`loop`, `optim`, `output_dir`, `seed`): `optimizer(model, lr)` builds its
-    optimizer, `task(model, val_loader)` its task (both prepared); `title` heads the start line. Returns the
-    trained model as prepared, and the task."""
+    optimizer, `task(model, val_loader)` its task (both prepared); `title` heads the start line; `preamble` are
+    metrics lines written first on a fresh start (e.g. the fine-tune's starting probe). Returns the trained model as
+    prepared, and the task."""
     lr = base_lr(cfg, accelerator.num_processes)
     opt = optimizer(model, lr)
     configure_speed(model, accelerator.device.type, accelerator.mixed_precision, cfg.loop.attention)
@@ -48,15 +51,19 @@ def train(
     model = maybe_compile(model, cfg.loop.compile, accelerator.device.type)
     the_task = task(model, val)
     steps_per_epoch = math.ceil(len(loader) / cfg.loop.accum_steps)
+    epochs = max(cfg.loop.epochs, math.ceil(cfg.loop.min_steps / steps_per_epoch))  # the step budget's epochs
     schedule = Schedule(
         base_lr=lr,
         min_lr=cfg.optim.min_lr,
-        total_steps=cfg.loop.epochs * steps_per_epoch,
+        total_steps=epochs * steps_per_epoch,
         warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
     )
     check_disk_space(Path(cfg.output_dir), plain_model(accelerator, model), opt, cfg.loop.keep_checkpoints)
     config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     state = _start(cfg, accelerator, loader, config_yaml, resume_from)
+    if resume_from is None:
+        for record in preamble or []:
+            MetricsWriter(accelerator, cfg.output_dir).write(record)
     _announce(cfg, accelerator, schedule, steps_per_epoch, title)
     fit(
         the_task,
@@ -64,7 +71,7 @@ def train(
         loader=loader,
         optimizer=opt,
         schedule=schedule,
-        loop=cfg.loop,
+        loop=replace(cfg.loop, epochs=epochs),
         output_dir=Path(cfg.output_dir),
         config_yaml=config_yaml,
         state=state,
@@ -103,11 +110,13 @@ def _announce(cfg: Any, accelerator: Accelerator, schedule: Schedule, steps_per_
         f"(blr {cfg.optim.blr:g}), {steps_per_epoch} steps/epoch, {schedule.total_steps} steps, precision "
         f"{precision}, {accelerator.num_processes} process(es)"
     )
-    if cfg.optim.warmup_epochs >= cfg.loop.epochs:
+    epochs = schedule.total_steps // max(1, steps_per_epoch)
+    if epochs > cfg.loop.epochs:
+        accelerator.print(f"--loop.min_steps {cfg.loop.min_steps}: {epochs} epochs of {steps_per_epoch} steps")
+    if cfg.optim.warmup_epochs >= epochs:
         warn(
             accelerator,
-            f"--optim.warmup_epochs {cfg.optim.warmup_epochs:g} is not shorter than the run (--loop.epochs "
-            f"{cfg.loop.epochs}): the lr only rises to {peak:.3g}, {peak / lr:.0%} of the {lr:.3g} it warms up to, "
-            f"and never decays; set a warm-up that is a fraction of the run (e.g. --optim.warmup_epochs "
-            f"{cfg.loop.epochs / 10:g})",
+            f"--optim.warmup_epochs {cfg.optim.warmup_epochs:g} is not shorter than the run ({epochs} epochs): the "
+            f"lr only rises to {peak:.3g}, {peak / lr:.0%} of the {lr:.3g} it warms up to, and never decays; set a "
+            f"warm-up that is a fraction of the run (e.g. --optim.warmup_epochs {epochs / 10:g})",
         )
