@@ -134,7 +134,7 @@ def _evaluations(config: dict[str, Any] | None, run_dir: str | os.PathLike | Non
     for folder in folders:
         if folder is None or not (Path(folder) / METRICS).is_file():
             continue
-        kind = _stage_of(run_config(folder))
+        kind = _stage_of(run_config(folder) or (config if folder == run_dir else None))
         for name, top1 in _last_top1(Path(folder) / METRICS, kind).items():
             rows.append(f"| {name} | {top1:.2f} | {folder} |")
     if not rows:
