@@ -55,10 +55,13 @@ def test_the_decoder_beside_an_export_is_read_back_exactly(tmp_path, fmt):
 def test_cli_with_decoder_and_without(tmp_path):
     model = mae.create_mae("mae_vit_micro_patch8")
     mae.weights.export.save_model(model, tmp_path / "mae.safetensors")
-    assert main(["export", "--checkpoint", str(tmp_path / "mae.safetensors"), "--output", str(tmp_path / "a.safetensors"),
-                 "--with_decoder"]) == 0  # fmt: skip
+    source = str(tmp_path / "mae.safetensors")
+    assert main(["export", "--checkpoint", source, "--output", str(tmp_path / "a.safetensors"), "--with_decoder"]) == 0
     _assert_same_mae(model.eval(), mae.load_pretrained(tmp_path / "a.safetensors").eval())
-    assert main(["export", "--checkpoint", str(tmp_path / "mae.safetensors"), "--output", str(tmp_path / "b.safetensors")]) == 0
+    assert (
+        main(["export", "--checkpoint", str(tmp_path / "mae.safetensors"), "--output", str(tmp_path / "b.safetensors")])
+        == 0
+    )
     assert not (tmp_path / "b.decoder.safetensors").exists()
     with pytest.warns(UserWarning, match="freshly initialised"):
         mae.load_pretrained(tmp_path / "b.safetensors")
@@ -69,10 +72,12 @@ def _classifier_run(folder, classes=("cat", "dog", "eel")):
     model, arch, args = build_classifier(spec, len(classes))
     torch.nn.init.normal_(model.head.weight, std=0.1)
     folder.mkdir(parents=True, exist_ok=True)
+    config = {"data": {"path": "imgs"}, "aug": {}}  # a fine-tuning run's
     save_classifier(model, folder / "classifier.safetensors", arch=arch, args=args, classes=list(classes),
-                    mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25], config={"data": {"path": "imgs"}, "aug": {}})  # fmt: skip
-    (folder / "metrics.jsonl").write_text('{"step": 1, "epoch": 1, "loss": 1.0}\n'
-                                          '{"step": 4, "epoch": 2, "eval": "val", "loss": 0.5, "top1": 87.5}\n')
+                    mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25], config=config)  # fmt: skip
+    (folder / "metrics.jsonl").write_text(
+        '{"step": 1, "epoch": 1, "loss": 1.0}\n{"step": 4, "epoch": 2, "eval": "val", "loss": 0.5, "top1": 87.5}\n'
+    )
     return model.eval()
 
 

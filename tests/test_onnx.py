@@ -104,7 +104,9 @@ def test_any_channel_count_encoder_and_classifier(tmp_path, in_chans):
 def test_cli_onnx_of_a_classifier_folder(tmp_path, capsys):
     spec = read_encoder("random:mae_vit_micro_patch8", seed=2)
     classifier = _classifier(tmp_path, spec, ["x", "y"])
-    assert main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "c.onnx"), "--format", "onnx"]) == 0
+    assert (
+        main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "c.onnx"), "--format", "onnx"]) == 0
+    )
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         _close(_run(tmp_path / "c.onnx", x)[0], classifier(x))
@@ -114,7 +116,15 @@ def test_unknown_input_size_is_one_line_and_img_size_fixes_it(tmp_path, capsys):
     """A timm-key encoder state dict with a 2 x 4 patch grid and no metadata: nothing tells H and W."""
     model = mae.create_mae("mae_vit_micro_patch8", img_size=(16, 32))
     torch.save(model.encoder.state_dict(), tmp_path / "enc.pth")
-    argv = ["export", "--checkpoint", str(tmp_path / "enc.pth"), "--output", str(tmp_path / "e.onnx"), "--format", "onnx"]
+    argv = [
+        "export",
+        "--checkpoint",
+        str(tmp_path / "enc.pth"),
+        "--output",
+        str(tmp_path / "e.onnx"),
+        "--format",
+        "onnx",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "input size is unknown" in err and "--img_size" in err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,10 @@ def export_encoder(
     """
     if format not in ("safetensors", "hf-folder"):
         raise ValueError(f"--format {format}: choose safetensors or hf-folder")
-    model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
+    with warnings.catch_warnings():
+        if not with_decoder:  # the decoder is not written: whether it was fresh does not matter
+            warnings.filterwarnings("ignore", message=".*encoder only.*")
+        model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
     config = None if isinstance(source, MaskedAutoencoder) else run_config(source)
     # Written by hand, not with timm's `save_for_hf`: that writes model.safetensors without the metadata
     # `load_encoder` and `read_encoder` read, and its config.json changes across the timm 1.0.x we accept.
