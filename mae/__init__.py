@@ -5,7 +5,7 @@ and one function per stage (`pretrain`, `linprobe`, `finetune`, `knn`, `visualiz
 `shard`: the command line's stages, validated as it validates them). Every error a user can cause is a `MaeError`.
 """
 
-from mae.api import convert, export, finetune, knn, linprobe, pretrain, shard, stats, visualize
+from mae.api import convert, export, finetune, knn, linprobe, predict, pretrain, shard, stats, visualize
 from mae.errors import CheckpointError, ConfigError, DataError, MaeError, TrainingError
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.stages import StageResult, list_stages, register_stage
@@ -36,6 +36,7 @@ __all__ = [
     "load_classifier",
     "load_encoder",
     "load_pretrained",
+    "predict",
     "pretrain",
     "register_stage",
     "shard",

@@ -87,6 +87,7 @@ export = _stage_function("export")
 stats = _stage_function("stats")
 convert = _stage_function("convert")
 shard = _stage_function("shard")
+predict = _stage_function("predict")
 
 __all__ = ["run", "list_stages", *(n for n in ("pretrain", "linprobe", "finetune", "knn", "visualize", "export",
-                                               "stats", "convert", "shard"))]  # fmt: skip
+                                               "stats", "convert", "shard", "predict"))]  # fmt: skip

@@ -12,7 +12,7 @@ import atexit
 import os
 import sys
 import traceback
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,9 @@ def build_parser(stage: str) -> ArgumentParser:
     parser.add_class_arguments(s.config, fail_untyped=True, sub_configs=True, skip=manual)
     for name, help in s.flags.items():  # `--attention` alone reads best
         parser.add_argument(f"--{name}", action=ActionYesNo, default=False, help=help)
+    optional = {f.name for f in fields(s.config) if f.default is not MISSING or f.default_factory is not MISSING}
     for name, help in s.lists.items():  # a list of files reads best as `--images a.jpg b.jpg`
-        parser.add_argument(f"--{name}", nargs="+", type=str, required=True, help=help)
+        parser.add_argument(f"--{name}", nargs="+", type=str, required=name not in optional, help=help)
     for name, help in s.positional.items():
         parser.add_argument(name, type=str, help=help)
     return parser

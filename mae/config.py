@@ -489,9 +489,27 @@ class ExportConfig:
     checkpoint: str
     """A pretraining output folder, a checkpoint, or any file `load_pretrained` reads."""
     output: str
-    """The .safetensors file to write (or the folder, with --format hf-folder)."""
-    format: Literal["safetensors", "hf-folder"] = "safetensors"
-    """safetensors: one file; hf-folder: model.safetensors + timm config.json + model card."""
+    """The .safetensors file to write (the folder with --format hf-folder or --push_to_hub; the .onnx file with
+    --format onnx)."""
+    format: Literal["safetensors", "hf-folder", "onnx"] = "safetensors"
+    """safetensors: one file; hf-folder: model.safetensors + timm config.json + model card; onnx: an ONNX model
+    (encoder: pooled features and tokens; classifier: logits), batch axis free, checked with onnxruntime."""
+    with_decoder: bool = False
+    """Also write the MAE decoder beside the encoder (NAME.decoder.safetensors, or decoder.safetensors in an hf
+    folder): load_pretrained of the export then reads the whole MAE back; timm reads the encoder file as before."""
+    img_size: tuple[int, int] | None = ranged(None, ge=1)
+    """Input size [H, W] of a checkpoint that does not record it (a non-square patch grid without metadata)."""
+    opset: int = ranged(17, ge=14)
+    """ONNX opset of --format onnx (17: LayerNorm as one op; onnxruntime >= 1.14)."""
+    push_to_hub: str | None = None
+    """OWNER/NAME: upload the hf folder written to --output to this Hugging Face model repo (token from HF_TOKEN
+    or `hf auth login`); timm.create_model("hf-hub:OWNER/NAME", pretrained=True) then loads it."""
+    private: bool = False
+    """With --push_to_hub: create the repo private."""
+    revision: str | None = None
+    """With --push_to_hub: the branch to push to (created when missing); null = main."""
+    license: str = "apache-2.0"
+    """The license the model card states (a Hub license id: apache-2.0, mit, cc-by-4.0, other, ...)."""
 
 
 @dataclass(frozen=True)
@@ -577,3 +595,41 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+@dataclass(frozen=True)
+class PredictDataConfig:
+    """Images to classify, as one source."""
+
+    path: str | None = None
+    """Any image source mae reads (an image folder, labeled or not, a `save_to_disk` folder, hf:NAME[:split], tar
+    shards); instead of --images."""
+    image_column: str | None = None
+    """Image column of a `datasets` source; null picks the first Image feature."""
+    num_workers: int = ranged(2, ge=0)
+    """DataLoader worker processes (0 = load in this process)."""
+
+
+@dataclass(frozen=True)
+class PredictLoopConfig:
+    """How the images go through the model."""
+
+    batch_size: int = ranged(64, ge=1)
+    """Images per batch."""
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """mae predict."""
+
+    pretrained: str | None = None
+    """A classifier: a linprobe or finetune output folder, its classifier.safetensors, or an hf folder of one."""
+    images: list[str] | None = None
+    """Image files (or folders of images) to classify; or give --data.path."""
+    data: PredictDataConfig = field(default_factory=PredictDataConfig)
+    loop: PredictLoopConfig = field(default_factory=PredictLoopConfig)
+    top_k: int = ranged(5, ge=1)
+    """How many classes (and probabilities) per image, most probable first (at most the class count)."""
+    output: str | None = None
+    """Where the predictions go: a .csv (columns file, class, probability, then class_2, probability_2, ...) or a
+    .json file; null prints them."""

@@ -8,6 +8,7 @@ and importers ask it for paths instead of spelling file names themselves.
       metrics.jsonl            one JSON object per logged step and per evaluation
       checkpoints/step_N/      Accelerate state + loop_state.json + config.yaml (written as .tmp-step_N, renamed)
       encoder.safetensors      pretraining: the encoder, timm key names
+      decoder.safetensors      pretraining with the decoder exported: its weights beside the encoder's
       preview.png, previews/   pretraining: reconstruction grids
       classifier.safetensors   linprobe / finetune: the whole timm classifier
       classes.json             linprobe / finetune: class names, index = label
@@ -34,6 +35,7 @@ PREVIEWS = "previews"
 # An export in the layout timm's hub loader reads (`--format hf-folder`), and Accelerate's model file.
 HF_WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
+DECODER = "decoder.safetensors"
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -73,6 +75,16 @@ def run_config(source: str | os.PathLike) -> dict[str, Any] | None:
         if candidate.is_file():
             return yaml.safe_load(candidate.read_text())
     return None
+
+
+def decoder_beside(weights: str | os.PathLike) -> Path:
+    """Where the decoder of the encoder export `weights` lives: `decoder.safetensors` beside a run's
+    encoder.safetensors or an hf folder's model.safetensors, else `NAME.decoder.safetensors` beside NAME.safetensors
+    (a sibling, so timm still reads the encoder file alone)."""
+    p = Path(weights)
+    if p.name in (ENCODER, HF_WEIGHTS):
+        return p.with_name(DECODER)
+    return p.with_name(f"{p.name.removesuffix('.safetensors')}.decoder.safetensors")
 
 
 def preview_path(epoch: int) -> str:

@@ -13,10 +13,11 @@ from typing import Any
 
 import timm
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from mae.errors import CheckpointError
-from mae.run_folder import CLASSES, CLASSIFIER, ENCODER
+from mae.run_folder import CLASSES, CLASSIFIER, ENCODER, HF_WEIGHTS, METRICS
 from mae.version import __version__
 from mae.weights.export import timm_pretrained_cfg
 from mae.weights.files import cpu_tensors, read_metadata, write_safetensors
@@ -65,12 +66,25 @@ class Classifier:
     classes: list[str]
 
 
+def classifier_file(path: str | os.PathLike) -> Path | None:
+    """The classifier `path` names (a linprobe / finetune output folder, its classifier.safetensors, or an hf
+    folder of one), or None when it holds something else (an encoder export, a checkpoint, nothing)."""
+    p = Path(path)
+    if p.is_dir():
+        p = next((p / n for n in (CLASSIFIER, HF_WEIGHTS) if (p / n).is_file()), p / CLASSIFIER)
+    if not p.is_file() or p.suffix != ".safetensors":
+        return None
+    meta = read_metadata(p)
+    num_classes = json.loads(meta["model_args"]).get("num_classes") if "model_args" in meta else None
+    return p if num_classes and _classes(p, meta) else None
+
+
 def load_classifier(path: str | os.PathLike) -> Classifier:
-    """The classifier a `mae linprobe` or `mae finetune` run wrote: `path` is its `classifier.safetensors`
-    or its output folder (which also holds `classes.json`)."""
+    """The classifier a `mae linprobe` or `mae finetune` run wrote: `path` is its `classifier.safetensors`,
+    its output folder (which also holds `classes.json`), or an hf folder `mae export` made of it."""
     p = Path(path)
     if p.is_dir():  # a pretraining folder has only an encoder: say so below
-        p = p / CLASSIFIER if (p / CLASSIFIER).is_file() or not (p / ENCODER).is_file() else p / ENCODER
+        p = next((p / n for n in (CLASSIFIER, HF_WEIGHTS, ENCODER) if (p / n).is_file()), p / CLASSIFIER)
     if not p.is_file():
         raise CheckpointError(f"{path}: no {CLASSIFIER} there; train one with mae linprobe or mae finetune")
     meta = read_metadata(p)
@@ -87,6 +101,34 @@ def load_classifier(path: str | os.PathLike) -> Classifier:
         meta["architecture"], pretrained=True, pretrained_cfg_overlay={**pretrained_cfg, "file": str(p)}, **args
     ).eval()  # timm loads the file strictly, head included, since its class count is the file's
     return Classifier(model, eval_transform(model, pretrained_cfg), classes)
+
+
+def export_classifier(
+    source: str | os.PathLike, path: str | os.PathLike, format: str = "safetensors", *, license: str = "apache-2.0"
+) -> Path:
+    """Write the classifier at `source` (see `classifier_file`) as one safetensors file (class names in its
+    metadata) or as an hf folder: model.safetensors, timm's config.json with `label_names`, a model card."""
+    file = classifier_file(source)
+    if file is None:
+        raise CheckpointError(f"{source}: not a classifier (no head, or no class names beside it)")
+    meta = read_metadata(file)
+    meta.setdefault("classes", json.dumps(_classes(file, meta)))  # older runs kept them in classes.json only
+    tensors = load_file(str(file))
+    if format == "safetensors":
+        return write_safetensors(tensors, path, meta)
+    from mae.weights.card import model_card
+    from mae.weights.export import write_hf_config
+
+    folder = Path(path)
+    weights = write_safetensors(tensors, folder / HF_WEIGHTS, meta)
+    args, classes = json.loads(meta["model_args"]), json.loads(meta["classes"])
+    write_hf_config(folder, meta["architecture"], args, json.loads(meta["pretrained_cfg"]), label_names=classes)
+    config = json.loads(meta["config"]) if "config" in meta else None
+    run_dir = file.parent if (file.parent / METRICS).is_file() else None
+    vit = load_classifier(weights).model
+    card = model_card(vit, config=config, run_dir=run_dir, classes=classes, license=license)
+    (folder / "README.md").write_text(card)
+    return folder
 
 
 def _classes(path: Path, meta: dict[str, str]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ from timm.models.vision_transformer import VisionTransformer
 
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.errors import CheckpointError
-from mae.models.encoder import EncoderAdapter
 from mae.models.mae import MaskedAutoencoder
-from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, run_config
+from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, decoder_beside, run_config
 from mae.version import __version__
+from mae.weights.card import model_card
 from mae.weights.files import cpu_tensors, read_metadata, write_safetensors
 from mae.weights.importers import load_pretrained
 
@@ -101,9 +102,9 @@ def save_encoder(
     return write_safetensors(encoder_state_dict(model, full_state), path, metadata)
 
 
-def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
-    """The whole MAE (encoder and decoder) as one safetensors file that `load_pretrained` reads."""
-    kwargs = {
+def mae_model_args(model: MaskedAutoencoder) -> dict[str, Any]:
+    """The `MaskedAutoencoder` arguments the tensors cannot tell (`load_pretrained` infers the rest)."""
+    return {
         "img_size": list(model.img_size),
         "patch_size": model.patch_size,
         "in_chans": model.in_chans,
@@ -115,65 +116,83 @@ def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
         "decoder": model.decoder_name,
         "predict_ratio": getattr(model.decoder, "predict_ratio", 1.0),
     }
-    metadata = {"format": "pt", "mae_model_args": json.dumps(kwargs), "mae_version": __version__}
+
+
+def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
+    """The whole MAE (encoder and decoder) as one safetensors file that `load_pretrained` reads."""
+    metadata = {"format": "pt", "mae_model_args": json.dumps(mae_model_args(model)), "mae_version": __version__}
     return write_safetensors(cpu_tensors(model.state_dict()), path, metadata)
 
 
+def save_decoder(
+    model: MaskedAutoencoder, path: str | os.PathLike, full_state: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """The decoder alone (`decoder.` keys, as in the MAE's state dict, and `save_model`'s `mae_model_args`), for
+    `decoder_beside(encoder_file)`, where `load_pretrained` of the encoder export finds it; from `full_state`
+    when given (see `encoder_state_dict`)."""
+    state = model.state_dict() if full_state is None else full_state
+    decoder = {k: v for k, v in state.items() if k.startswith("decoder.")}
+    metadata = {"format": "pt", "mae_model_args": json.dumps(mae_model_args(model)), "mae_version": __version__}
+    return write_safetensors(cpu_tensors(decoder), path, metadata)
+
+
 def export_encoder(
-    source: MaskedAutoencoder | str | os.PathLike, path: str | os.PathLike, format: str = "safetensors"
+    source: MaskedAutoencoder | str | os.PathLike,
+    path: str | os.PathLike,
+    format: str = "safetensors",
+    *,
+    with_decoder: bool = False,
+    license: str = "apache-2.0",
 ) -> Path:
     """Write `source`'s encoder (a model, an output folder or any checkpoint `load_pretrained` reads).
 
     format: "safetensors" (one file) or "hf-folder" (model.safetensors + timm config.json + README.md).
+    with_decoder: also write the decoder beside it (`decoder_beside`: `NAME.decoder.safetensors`, or
+    `decoder.safetensors` in the folder), which `load_pretrained` of the export reads back; timm ignores it.
     """
     if format not in ("safetensors", "hf-folder"):
         raise ValueError(f"--format {format}: choose safetensors or hf-folder")
-    model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
+    with warnings.catch_warnings():
+        if not with_decoder:  # the decoder is not written: whether it was fresh does not matter
+            warnings.filterwarnings("ignore", message=".*encoder only.*")
+        model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
     config = None if isinstance(source, MaskedAutoencoder) else run_config(source)
-    if format == "safetensors":
-        return save_encoder(model, path, config)
     # Written by hand, not with timm's `save_for_hf`: that writes model.safetensors without the metadata
     # `load_encoder` and `read_encoder` read, and its config.json changes across the timm 1.0.x we accept.
-    folder = Path(path)
-    weights = save_encoder(model, folder / HF_WEIGHTS, config)
+    weights = Path(path) / HF_WEIGHTS if format == "hf-folder" else Path(path)
+    save_encoder(model, weights, config)
+    if with_decoder:
+        save_decoder(model, decoder_beside(weights))
+    if format == "safetensors":
+        return weights
     arch, args = model.adapter.timm_architecture()
-    pretrained_cfg = encoder_pretrained_cfg(model, config)
-    hub_config = {
-        "architecture": arch,
-        "num_classes": 0,
-        "num_features": args["embed_dim"],
-        "global_pool": args["global_pool"],
-        "model_args": args,
-        "pretrained_cfg": pretrained_cfg,
-    }
-    (folder / HF_CONFIG).write_text(json.dumps(hub_config, indent=2) + "\n")
-    (folder / "README.md").write_text(_model_card(arch, model.adapter, config))
+    write_hf_config(weights.parent, arch, args, encoder_pretrained_cfg(model, config))
+    run_dir = source if not isinstance(source, MaskedAutoencoder) and Path(source).is_dir() else None
+    card = model_card(model.encoder, config=config, run_dir=run_dir, license=license, with_decoder=with_decoder)
+    (weights.parent / "README.md").write_text(card)
     return weights.parent
 
 
-def _model_card(arch: str, adapter: EncoderAdapter, config: dict[str, Any] | None) -> str:
-    source = (config or {}).get("data", {}).get("path") or "unknown data"
-    epochs = (config or {}).get("loop", {}).get("epochs", "?")
-    prefix = adapter.num_prefix_tokens  # class and register tokens come before the L patch tokens
-    tokens = f"{prefix} + L" if prefix else "L"
-    (h, w), (gh, gw) = adapter.img_size, adapter.grid_size
-    return f"""---
-library_name: timm
-tags: [image-feature-extraction, mae, timm]
----
-# {arch} pretrained as a masked autoencoder
-
-An encoder ({adapter.describe()} input) pretrained with the `mae` toolkit for {epochs} epochs on
-{source}. It has no classifier head: use it as a feature extractor or fine-tune it.
-
-```python
-import timm
-model = timm.create_model("hf-hub:USER/REPO", pretrained=True)   # or "local-dir:/path/to/this/folder"
-features = model.forward_features(images)                        # [N, {tokens}, {adapter.embed_dim}]
-```
-
-L = {gh} x {gw} = {gh * gw} patch tokens at {h}x{w}.
-"""
+def write_hf_config(
+    folder: Path, arch: str, args: dict[str, Any], pretrained_cfg: dict[str, Any], label_names: list[str] | None = None
+) -> Path:
+    """timm's config.json of an hf folder (what `timm.create_model("hf-hub:..." / "local-dir:...")` reads):
+    the architecture and its model args, the run's own input size and normalisation, and a classifier's
+    `label_names` (top level, as timm's `save_for_hf` writes them)."""
+    num_classes = len(label_names or [])
+    hub_config = {
+        "architecture": arch,
+        "num_classes": num_classes,
+        "num_features": args["embed_dim"],
+        "global_pool": args["global_pool"],
+        "model_args": {k: v for k, v in args.items() if k != "num_classes"},
+        "pretrained_cfg": {**pretrained_cfg, "num_classes": num_classes},
+    }
+    if label_names:
+        hub_config["label_names"] = list(label_names)
+    path = folder / HF_CONFIG
+    path.write_text(json.dumps(hub_config, indent=2) + "\n")
+    return path
 
 
 def load_encoder(path: str | os.PathLike, num_classes: int = 0, **timm_kwargs: Any) -> VisionTransformer:

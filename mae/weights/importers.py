@@ -4,7 +4,7 @@
 |---|---|---|
 | this project's output folder / checkpoint | `config.yaml` beside `model.safetensors` | exact |
 | this project's `mae convert` file | safetensors with `mae_model_args` metadata | exact |
-| this project's encoder export | safetensors with timm keys + metadata | decoder fresh |
+| this project's encoder export | safetensors with timm keys + metadata | decoder from its sibling, else fresh |
 | official facebookresearch/mae `.pth` | `{"model": ...}`, `blocks.N.attn.qkv`, `decoder_*` | renamed |
 | timm MAE encoders (`vit_*_224.mae`) | timm keys, no decoder | decoder fresh |
 | transformers ViTMAE | `vit.embeddings.*` keys (+ `config.json`) | q/k/v fused into qkv |
@@ -29,7 +29,16 @@ from mae.errors import CheckpointError
 from mae.models.encoder import EncoderSpec
 from mae.models.mae import MaskedAutoencoder
 from mae.models.registry import create_mae, preset_config, preset_matching
-from mae.run_folder import CONFIG, ENCODER, HF_CONFIG, HF_WEIGHTS, is_checkpoint, list_checkpoints, run_config
+from mae.run_folder import (
+    CONFIG,
+    ENCODER,
+    HF_CONFIG,
+    HF_WEIGHTS,
+    decoder_beside,
+    is_checkpoint,
+    list_checkpoints,
+    run_config,
+)
 from mae.weights.files import cpu_tensors, read_metadata
 
 # transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x in-memory
@@ -344,6 +353,7 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     raw, meta = read_tensors(p)
     state, fmt = to_mae_keys(raw, p)
     hints.update(_metadata_hints(meta))
+    state = {**state, **_decoder_beside(p, state, hints)}
     proj = state["encoder.patch_embed.proj.weight"]  # [D, C, p, p]: what the tensors themselves fix
     stored = {"patch_size": proj.shape[-1], "embed_dim": proj.shape[0], "depth": _count(state, "encoder.blocks.")}
     for name in ("patch_size", "embed_dim", "depth"):
@@ -381,6 +391,19 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     if not has_decoder:
         warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=2)
     return model
+
+
+def _decoder_beside(path: Path, state: dict[str, torch.Tensor], hints: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The decoder an encoder export carries in its sibling file (`save_decoder`), its model args added to
+    `hints`; {} when `path` holds a decoder itself or has no sibling."""
+    sibling = decoder_beside(path)
+    if any(k.startswith("decoder.") for k in state) or path.suffix != ".safetensors" or not sibling.is_file():
+        return {}
+    decoder, meta = read_tensors(sibling)
+    if "mae_model_args" not in meta or not all(k.startswith("decoder.") for k in decoder):
+        raise CheckpointError(f"{sibling}: not a decoder export of this toolkit (no mae_model_args metadata)")
+    hints.update(json.loads(meta["mae_model_args"]))
+    return decoder
 
 
 def _adapt_channels(

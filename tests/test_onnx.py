@@ -1,0 +1,135 @@
+"""ONNX exports: encoders (pooled features, tokens) and classifiers (logits) run in onnxruntime as in torch, at any
+batch size and channel count, with the input size and normalisation in the model's metadata."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import mae
+from mae.cli import main
+from mae.models.classifier import build_classifier
+from mae.weights.classifier import save_classifier
+from mae.weights.importers import read_encoder
+from mae.weights.onnx import export_onnx, onnx_metadata
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _classifier(folder, spec, classes):
+    """A classifier run's folder (classifier.safetensors) from an encoder spec, with a head that moves the logits."""
+    model, arch, args = build_classifier(spec, len(classes))
+    torch.nn.init.normal_(model.head.weight, std=0.1)
+    save_classifier(model, folder / "classifier.safetensors", arch=arch, args=args, classes=classes,
+                    mean=list(spec.mean), std=list(spec.std))  # fmt: skip
+    return model.eval()
+
+
+def _run(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(o) for o in session.run(None, {"pixel_values": x.numpy()})]
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def vit_b(tmp_path_factory):
+    """ViT-B/16 at 224 with random weights: its encoder and a 10-class classifier, each exported once."""
+    folder = tmp_path_factory.mktemp("vit_b")
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_base_patch16").eval()
+    encoder_onnx = export_onnx(model, folder / "encoder.onnx", verify=False)
+    arch, args = model.adapter.timm_architecture()
+    spec = mae.models.encoder.EncoderSpec(arch, args, model.encoder.state_dict(), (0.5, 0.4, 0.3), (0.2, 0.2, 0.3))
+    classifier = _classifier(folder, spec, [f"c{i}" for i in range(10)])
+    classifier_onnx = export_onnx(folder, folder / "classifier.onnx", verify=False)
+    return model, encoder_onnx, classifier, classifier_onnx
+
+
+@pytest.mark.slow  # ViT-B: ~1 min of exporting and running on 1 CPU thread
+@pytest.mark.parametrize("batch", [1, 7])
+def test_vit_b_encoder_and_classifier_match_torch(vit_b, batch):
+    model, encoder_onnx, classifier, classifier_onnx = vit_b
+    x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(batch))
+    with torch.no_grad():
+        tokens = model.encoder.forward_features(x)
+        pooled = model.encoder.forward_head(tokens, pre_logits=True)
+        logits = classifier(x)
+    features, onnx_tokens = _run(encoder_onnx, x)
+    assert features.shape == (batch, 768) and onnx_tokens.shape == (batch, 197, 768)
+    _close(features, pooled)
+    _close(onnx_tokens, tokens)
+    (onnx_logits,) = _run(classifier_onnx, x)
+    assert onnx_logits.shape == (batch, 10)
+    _close(onnx_logits, logits)
+
+
+@pytest.mark.slow
+def test_metadata_records_input_size_normalisation_opset_and_classes(vit_b):
+    _, encoder_onnx, _, classifier_onnx = vit_b
+    meta = onnx_metadata(encoder_onnx)
+    assert meta["mae_kind"] == "encoder" and json.loads(meta["input_size"]) == [3, 224, 224]
+    assert json.loads(meta["outputs"]) == ["features", "tokens"] and meta["opset"] == "17"
+    import onnx
+
+    proto = onnx.load(str(encoder_onnx), load_external_data=False)
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 17
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    meta = onnx_metadata(classifier_onnx)
+    assert json.loads(meta["classes"]) == [f"c{i}" for i in range(10)]
+    assert json.loads(meta["mean"]) == [0.5, 0.4, 0.3] and json.loads(meta["std"]) == [0.2, 0.2, 0.3]
+    assert float(meta["crop_pct"]) == 0.875
+
+
+@pytest.mark.parametrize("in_chans", [1, 13])
+def test_any_channel_count_encoder_and_classifier(tmp_path, in_chans):
+    model = mae.create_mae("mae_vit_micro_patch8", in_chans=in_chans).eval()
+    mae.export_encoder(model, tmp_path / "enc.safetensors")
+    encoder_onnx = export_onnx(tmp_path / "enc.safetensors", tmp_path / "enc.onnx")  # verified as it is written
+    spec = read_encoder(str(tmp_path / "enc.safetensors"))
+    classifier = _classifier(tmp_path, spec, ["a", "b", "c"])
+    classifier_onnx = export_onnx(tmp_path / "classifier.safetensors", tmp_path / "cls.onnx")
+    assert json.loads(onnx_metadata(encoder_onnx)["input_size"]) == [in_chans, 32, 32]
+    assert len(json.loads(onnx_metadata(encoder_onnx)["mean"])) == in_chans
+    for batch in (1, 7):
+        x = torch.randn(batch, in_chans, 32, 32)
+        with torch.no_grad():
+            _close(_run(encoder_onnx, x)[1], model.encoder.forward_features(x))
+            _close(_run(classifier_onnx, x)[0], classifier(x))
+
+
+def test_cli_onnx_of_a_classifier_folder(tmp_path, capsys):
+    spec = read_encoder("random:mae_vit_micro_patch8", seed=2)
+    classifier = _classifier(tmp_path, spec, ["x", "y"])
+    assert (
+        main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "c.onnx"), "--format", "onnx"]) == 0
+    )
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        _close(_run(tmp_path / "c.onnx", x)[0], classifier(x))
+
+
+def test_unknown_input_size_is_one_line_and_img_size_fixes_it(tmp_path, capsys):
+    """A timm-key encoder state dict with a 2 x 4 patch grid and no metadata: nothing tells H and W."""
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=(16, 32))
+    torch.save(model.encoder.state_dict(), tmp_path / "enc.pth")
+    argv = [
+        "export",
+        "--checkpoint",
+        str(tmp_path / "enc.pth"),
+        "--output",
+        str(tmp_path / "e.onnx"),
+        "--format",
+        "onnx",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "input size is unknown" in err and "--img_size" in err
+    assert main([*argv, "--img_size", "[16, 32]"]) == 0
+    x = torch.randn(2, 3, 16, 32)
+    with torch.no_grad():
+        _close(_run(tmp_path / "e.onnx", x)[1], model.encoder.forward_features(x))
+    assert np.isfinite(_run(tmp_path / "e.onnx", x)[0].numpy()).all()
