@@ -34,6 +34,12 @@ PREVIEWS = "previews"
 # An export in the layout timm's hub loader reads (`--format hf-folder`), and Accelerate's model file.
 HF_WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
+# `mae anomaly`: one row per image, its maps, the most anomalous images, image (and pixel) AUROC and the ROC curve.
+SCORES = "scores.csv"
+MAPS = "maps"
+MOST_ANOMALOUS = "most_anomalous.png"
+ANOMALY_METRICS = "metrics.json"
+ROC = "roc.png"
 
 _STEP = re.compile(r"^step_(\d+)$")
 
