@@ -98,6 +98,8 @@ def open_model(cfg: AnomalyConfig):
     except CheckpointError as e:
         message = NEEDS_DECODER if NEEDS_DECODER in str(e) else str(e)
         raise ConfigError(f"--pretrained {cfg.pretrained}: {message}") from None
+    if cfg.masks > model.num_patches:
+        raise ConfigError(f"--masks {cfg.masks}: at most {model.num_patches}, the model's patch count")
     stats = _run_stats(cfg.pretrained)
     mean = cfg.data.mean or stats.get("mean") or (IMAGENET_MEAN if model.in_chans == 3 else None)
     std = cfg.data.std or stats.get("std") or (IMAGENET_STD if model.in_chans == 3 else None)
