@@ -86,7 +86,9 @@ def test_map_is_aligned_with_the_input(in_chans, img_size):
 
 
 def test_cross_decoder_predicts_every_masked_patch():
-    model = mae.create_mae("mae_vit_micro_patch8", img_size=32, decoder="cross", predict_ratio=0.25, norm_pix_loss=False)
+    model = mae.create_mae(
+        "mae_vit_micro_patch8", img_size=32, decoder="cross", predict_ratio=0.25, norm_pix_loss=False
+    )
     torch.nn.init.zeros_(model.decoder.pred.weight)
     torch.nn.init.zeros_(model.decoder.pred.bias)
     x = torch.randn(1, 3, 32, 32)

@@ -33,7 +33,8 @@ def smooth(rng, n, size=32):
     """Smooth colour images [n, 32, 32, 3] uint8: a random 2x2 grid upsampled, so a masked patch follows from the
     visible ones (a 4x4 grid gives each 8-px patch a colour of its own, which no model can predict)."""
     coarse = rng.random((n, 2, 2, 3)) * 255
-    return np.stack([np.asarray(Image.fromarray(c.astype("uint8")).resize((size, size), Image.BICUBIC)) for c in coarse])
+    up = [Image.fromarray(c.astype("uint8")).resize((size, size), Image.BICUBIC) for c in coarse]
+    return np.stack([np.asarray(img) for img in up])
 
 
 @pytest.fixture(scope="module")
