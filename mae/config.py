@@ -633,3 +633,50 @@ class PredictConfig:
     output: str | None = None
     """Where the predictions go: a .csv (columns file, class, probability, then class_2, probability_2, ...) or a
     .json file; null prints them."""
+
+
+@dataclass(frozen=True)
+class AnomalyDataConfig:
+    """The images to score."""
+
+    path: str | None = None
+    """Images to score: a folder (any nesting; class subfolders give labels), a `save_to_disk` folder, hf:NAME[:split]
+    or tar shards; null = demo images. With a class `normal` or `good` (MVTec AD's test/good), or --normal, image
+    AUROC and AUPR are reported; MVTec's ground_truth/<defect>/<name>_mask.png beside test/ give pixel AUROC."""
+    image_column: str | None = None
+    """Image column of a `datasets` source; null picks the first Image feature."""
+    label_column: str | None = None
+    """Label column of a `datasets` source; null picks the first ClassLabel, or 'label'."""
+    mean: tuple[float, ...] | None = None
+    """Normalisation mean, one per channel; null = the run's (its config.yaml, or the file's metadata)."""
+    std: tuple[float, ...] | None = ranged(None, gt=0)
+    """Normalisation std, one per channel; null = the run's (its config.yaml, or the file's metadata)."""
+    num_workers: int = ranged(2, ge=0)
+    """DataLoader worker processes per process (0 = load in the main process)."""
+
+
+@dataclass(frozen=True)
+class AnomalyConfig(PretrainedConfig, RunConfig):
+    """mae anomaly."""
+
+    data: AnomalyDataConfig = field(default_factory=AnomalyDataConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, batch_size=64, log_with="none"))
+    score: Literal["recon", "knn", "both"] = "recon"
+    """recon: the MAE's reconstruction error (maps; local defects); knn: the encoder features' distance to the
+    nearest training images (semantic outliers, no maps); both: two columns (docs/anomaly.md: which when)."""
+    masks: int = ranged(4, ge=2)
+    """Complementary mask sets per image: each masks 1 - 1/K of the patches, every patch masked K - 1 times."""
+    aggregate: Literal["topk_mean", "mean", "max"] = "topk_mean"
+    """An image's reconstruction score from its map: the mean of its top --top_percent pixels, the mean, or the max."""
+    top_percent: float = ranged(1.0, gt=0, le=100)
+    """With --aggregate topk_mean: the share of the map's pixels (in percent) whose mean is the score."""
+    train_path: str | None = None
+    """--score knn/both: the normal training images (any source); null = the run's own data.path."""
+    k: int = ranged(5, ge=1)
+    """--score knn/both: the nearest training images whose mean cosine distance is the score."""
+    normal: str | None = None
+    """The class of --data.path that is normal (the others are anomalies); null = a class named normal or good."""
+    save_maps: bool = True
+    """Write maps/<name>.npy (the map at the model's input resolution) and maps/<name>.png (an overlay)."""
+    figure_images: int = ranged(8, ge=1)
+    """How many of the most anomalous images most_anomalous.png shows."""

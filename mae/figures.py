@@ -103,8 +103,42 @@ def attention_grid(
     maps = F.interpolate(maps, size=x.shape[-2:], mode="bilinear", align_corners=False)
     lo, hi = maps.amin((2, 3), keepdim=True), maps.amax((2, 3), keepdim=True)
     heat = ((maps - lo) / (hi - lo).clamp_min(1e-12)).unsqueeze(2)  # [N, 1 + h, 1, H, W]
-    colour = torch.cat([heat, heat**2, 0.2 * (1 - heat)], dim=2)  # dark blue -> red -> yellow
     original = as_rgb(denormalize(x, mean, std))
-    overlay = 0.45 * original.unsqueeze(1) + 0.55 * colour
+    overlay = heat_overlay(original.unsqueeze(1), heat)
     rows = torch.cat([original.unsqueeze(1), overlay], dim=1).flatten(0, 1)
     return make_grid(rows.float().cpu(), nrow=maps.shape[1] + 1, padding=2, pad_value=1.0)
+
+
+def heat_colour(heat: torch.Tensor) -> torch.Tensor:
+    """[..., 1, H, W] in [0, 1] -> [..., 3, H, W]: dark blue -> red -> yellow."""
+    return torch.cat([heat, heat**2, 0.2 * (1 - heat)], dim=-3)
+
+
+def heat_overlay(original: torch.Tensor, heat: torch.Tensor) -> torch.Tensor:
+    """RGB images [..., 3, H, W] in [0, 1] with `heat` [..., 1, H, W] in [0, 1] laid over them."""
+    return 0.45 * original + 0.55 * heat_colour(heat)
+
+
+def roc_figure(fpr, tpr, path: str | Path, label: str, side: int = 320) -> Path:
+    """A ROC curve (false positive rate across, true positive rate up) with the chance diagonal and `label`,
+    as a PNG (drawn with PIL: matplotlib is not a dependency)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (side, side), "white")
+    draw = ImageDraw.Draw(img)
+    m = 30  # margin for the axes' words
+    scale = side - 2 * m
+
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return m + x * scale, side - m - y * scale
+
+    draw.rectangle([xy(0, 1), xy(1, 0)], outline="black")
+    draw.line([xy(0, 0), xy(1, 1)], fill=(170, 170, 170))
+    draw.line([xy(float(x), float(y)) for x, y in zip(fpr, tpr, strict=True)], fill=(200, 30, 30), width=2)
+    draw.text((m, 8), label, fill="black")
+    draw.text((side // 2 - 50, side - m + 8), "false positive rate", fill="black")
+    draw.text((4, m - 14), "TPR", fill="black")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path

@@ -36,6 +36,12 @@ PREVIEWS = "previews"
 HF_WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
 DECODER = "decoder.safetensors"
+# `mae anomaly`: one row per image, its maps, the most anomalous images, image (and pixel) AUROC and the ROC curve.
+SCORES = "scores.csv"
+MAPS = "maps"
+MOST_ANOMALOUS = "most_anomalous.png"
+ANOMALY_METRICS = "metrics.json"
+ROC = "roc.png"
 
 _STEP = re.compile(r"^step_(\d+)$")
 

@@ -1,0 +1,196 @@
+"""Anomaly maps from a masked autoencoder, and the numbers that judge them.
+
+An MAE trained on normal images reconstructs normal content well and anomalous content badly, so its
+reconstruction error under masking is an anomaly map. Each image is reconstructed under K complementary
+mask sets: a seeded permutation of the patches cut into K runs, run k visible in set k and masked in the
+other K - 1, so every patch is predicted equally often (K - 1 times; where K does not divide the patch count
+the runs overlap by a patch or so and the average takes each patch's own count). The per-pixel squared error,
+in the space the model was trained to predict (per-patch normalised pixels when `norm_pix_loss`), averaged
+over its predictions and over channels, is the map; an aggregate of the map is the image's score.
+
+    model = mae.load_pretrained("runs/pretrain")            # with its decoder (`load_with_decoder` checks)
+    maps, scores = anomaly_maps(model, images, masks=4, seed=0)   # images normalised as in training
+
+Beside it, a feature-distance score (`knn_distance`): the cosine distance of an image's encoder features to
+its nearest training images, which sees semantic outliers that reconstruct well. `auroc` and
+`average_precision` judge either score against known anomalies (no scikit-learn: ranks and a cumulative sum).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mae.errors import CheckpointError
+from mae.models import MaskedAutoencoder
+
+AGGREGATES = ("topk_mean", "mean", "max")
+NEEDS_DECODER = "maps need the decoder: use a pretraining run folder or an export that carries it"
+
+
+def load_with_decoder(path: str | os.PathLike) -> MaskedAutoencoder:
+    """`mae.load_pretrained(path)`, refused where the file holds an encoder only (an encoder export, a timm MAE
+    encoder): its decoder would be freshly initialised, and its maps noise. `CheckpointError` then."""
+    from mae.weights.importers import load_pretrained
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load_pretrained(path)
+    for w in caught:
+        if "encoder only" in str(w.message):
+            raise CheckpointError(f"{path}: {NEEDS_DECODER}")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model
+
+
+def complementary_noise(num_patches: int, masks: int, seed: int) -> tuple[torch.Tensor, float]:
+    """(noise [K, L], mask_ratio) for K complementary mask sets over L patches: set k keeps the k-th run of
+    a seeded permutation (ascending noise = kept first, as `MaskedAutoencoder.forward` ranks it)."""
+    if not 2 <= masks <= num_patches:
+        raise ValueError(f"masks={masks}: must be in [2, {num_patches}] (the patch count)")
+    keep = -(-num_patches // masks)  # ceil: the K runs cover every patch
+    perm = torch.randperm(num_patches, generator=torch.Generator().manual_seed(seed))
+    rank = torch.empty(num_patches, dtype=torch.long)
+    rank[perm] = torch.arange(num_patches)
+    noise = torch.stack([((rank - k * keep) % num_patches).float() for k in range(masks)])
+    # Half a patch above `keep` so that `int(L * (1 - ratio))` gives `keep` whatever the float rounding.
+    return noise, 1.0 - (keep + 0.5) / num_patches
+
+
+@contextlib.contextmanager
+def _predict_every_masked_patch(model: MaskedAutoencoder) -> Iterator[None]:
+    """A decoder that predicts a fraction of the masked patches (CrossMAE's `predict_ratio`) predicts them all."""
+    decoder = model.decoder
+    ratio = getattr(decoder, "predict_ratio", None)
+    if ratio is not None:
+        decoder.predict_ratio = 1.0
+    try:
+        yield
+    finally:
+        if ratio is not None:
+            decoder.predict_ratio = ratio
+
+
+@torch.no_grad()
+def error_maps(model: MaskedAutoencoder, images: torch.Tensor, masks: int = 4, seed: int = 0) -> torch.Tensor:
+    """`images` [N, C, H, W], normalised as the model was trained -> maps [N, H, W]: the squared error per
+    pixel (mean over channels) of the masked predictions, averaged over the K complementary mask sets.
+
+    The same `seed` gives the same mask sets for every image, in any batch and on any process."""
+    noise, ratio = complementary_noise(model.num_patches, masks, seed)
+    target = model.forward_target(images.float())
+    total = torch.zeros_like(target)
+    count = torch.zeros(target.shape[:2], device=target.device)
+    with _predict_every_masked_patch(model):
+        for k in range(masks):
+            set_noise = noise[k].to(images.device).expand(len(images), -1)
+            latent, masking = model.forward_encoder(images, ratio, set_noise)
+            pred, predicted = model.decoder(latent, masking.ids_restore)
+            used = masking.mask * predicted  # [N, L]: 1 where this set masked and predicted the patch
+            total += (pred.float() - target).pow(2) * used.unsqueeze(-1)
+            count += used
+    per_pixel = model.unpatchify(total / count.clamp_min(1).unsqueeze(-1))  # [N, C, H, W]
+    return per_pixel.mean(1)
+
+
+def aggregate(maps: torch.Tensor, how: str = "topk_mean", top_percent: float = 1.0) -> torch.Tensor:
+    """maps [N, H, W] -> scores [N]: the mean of each map's highest `top_percent`% pixels (at least one),
+    its mean, or its maximum."""
+    flat = maps.flatten(1).float()
+    if how == "mean":
+        return flat.mean(1)
+    if how == "max":
+        return flat.amax(1)
+    if how == "topk_mean":
+        k = max(1, round(flat.shape[1] * top_percent / 100))
+        return flat.topk(k, dim=1).values.mean(1)
+    raise ValueError(f"aggregate {how!r}: choose one of {', '.join(AGGREGATES)}")
+
+
+def anomaly_maps(
+    model: MaskedAutoencoder,
+    images: torch.Tensor,
+    masks: int = 4,
+    seed: int = 0,
+    how: str = "topk_mean",
+    top_percent: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(maps [N, H, W], scores [N]) of `images` [N, C, H, W] (normalised as in training; H, W the model's):
+    `error_maps` and their `aggregate`. Higher is more anomalous. The model runs in eval mode (restored)."""
+    was_training = model.training
+    model.eval()
+    try:
+        maps = error_maps(model, images, masks, seed)
+    finally:
+        model.train(was_training)
+    return maps, aggregate(maps, how, top_percent)
+
+
+@torch.no_grad()
+def encoder_features(model: MaskedAutoencoder, images: torch.Tensor) -> torch.Tensor:
+    """[N, C, H, W] -> [N, D]: the unmasked encoder's patch tokens, averaged."""
+    tokens = model.encoder.forward_features(images)
+    return tokens[:, model.encoder.num_prefix_tokens :].mean(1).float()
+
+
+def knn_distance(bank: torch.Tensor, query: torch.Tensor, k: int = 5, chunk: int = 1024) -> torch.Tensor:
+    """[Q]: each query's mean cosine distance (1 - similarity) to its `k` most similar rows of `bank` [B, D]."""
+    bank = F.normalize(bank.float(), dim=1)
+    k = min(k, len(bank))
+    out = []
+    for start in range(0, len(query), chunk):
+        q = F.normalize(query[start : start + chunk].float(), dim=1)
+        out.append(1 - (q @ bank.T).topk(k, dim=1).values.mean(1))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return (ends - (counts - 1) / 2)[inverse.reshape(-1)]
+
+
+def auroc(scores: np.ndarray | torch.Tensor, anomalous: np.ndarray | torch.Tensor) -> float:
+    """Area under the ROC curve with the anomalies as positives (higher score = more anomalous): the
+    Mann-Whitney U of the scores' ranks, ties counted half. NaN without both kinds."""
+    s, y = np.asarray(scores, dtype=np.float64).ravel(), np.asarray(anomalous).astype(bool).ravel()
+    pos, neg = int(y.sum()), int((~y).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    ranks = _average_ranks(s)
+    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def _by_threshold(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(true positives, false positives) at each distinct score taken as the threshold, highest first."""
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # the last row of each run of equal scores
+    tp = np.cumsum(y)[last]
+    return tp, (last + 1) - tp
+
+
+def average_precision(scores: np.ndarray | torch.Tensor, anomalous: np.ndarray | torch.Tensor) -> float:
+    """Area under the precision-recall curve as average precision: sum over thresholds of (recall step) x
+    precision, the anomalies as positives; scikit-learn's definition. NaN without anomalies."""
+    s, y = np.asarray(scores, dtype=np.float64).ravel(), np.asarray(anomalous).astype(bool).ravel()
+    if not y.any():
+        return float("nan")
+    tp, fp = _by_threshold(s, y)
+    recall = tp / y.sum()
+    precision = tp / (tp + fp)
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def roc_curve(scores: np.ndarray | torch.Tensor, anomalous: np.ndarray | torch.Tensor) -> tuple[np.ndarray, ...]:
+    """(false positive rates, true positive rates), from (0, 0) to (1, 1), one point per distinct score."""
+    s, y = np.asarray(scores, dtype=np.float64).ravel(), np.asarray(anomalous).astype(bool).ravel()
+    tp, fp = _by_threshold(s, y)
+    return np.r_[0.0, fp / max(1, (~y).sum())], np.r_[0.0, tp / max(1, y.sum())]

@@ -1,0 +1,207 @@
+"""`mae anomaly` end to end: a noise square pasted into smooth images is found (image and pixel AUROC, the map's
+maximum inside the square), maps aligned with non-square inputs of 1 and 13 channels, k-NN scores, two processes
+giving one process's scores, and every bad input a one-line error."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from PIL import Image
+
+import mae
+from mae.api import run as api_run
+from mae.cli import main
+from mae.config import IMAGENET_MEAN, IMAGENET_STD
+from mae.data.transforms import normalize
+from mae.weights.export import save_model
+
+COMMON = ["--data.num_workers", "0", "--loop.mixed_precision", "no", "--loop.batch_size", "8"]
+
+
+def run(*args) -> int:
+    AcceleratorState._reset_state(True)
+    return main(["anomaly", *COMMON, *map(str, args)])
+
+
+def smooth(rng, n, size=32):
+    """Smooth colour images [n, 32, 32, 3] uint8: a random 2x2 grid upsampled, so a masked patch follows from the
+    visible ones (a 4x4 grid gives each 8-px patch a colour of its own, which no model can predict)."""
+    coarse = rng.random((n, 2, 2, 3)) * 255
+    up = [Image.fromarray(c.astype("uint8")).resize((size, size), Image.BICUBIC) for c in coarse]
+    return np.stack([np.asarray(img) for img in up])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A micro MAE trained for 150 steps on smooth images (~10-15 s on 2 shared cores), saved with its decoder."""
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32, norm_pix_loss=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        x = normalize(torch.from_numpy(smooth(rng, 32)).permute(0, 3, 1, 2), IMAGENET_MEAN, IMAGENET_STD)
+        loss = model(x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return save_model(model, tmp_path_factory.mktemp("run") / "mae.safetensors")
+
+
+@pytest.fixture(scope="module")
+def mvtec(tmp_path_factory):
+    """MVTec AD's layout: test/good (smooth), test/noise (a 9-px noise square pasted), ground_truth/noise masks."""
+    root = tmp_path_factory.mktemp("mvtec")
+    rng = np.random.default_rng(1)
+    boxes = {}
+    for kind in ("good", "noise"):
+        (root / "test" / kind).mkdir(parents=True)
+        for i, img in enumerate(smooth(rng, 20)):
+            if kind == "noise":
+                top, left = rng.integers(0, 32 - 9, 2)
+                img[top : top + 9, left : left + 9] = rng.integers(0, 256, (9, 9, 3))
+                mask = np.zeros((32, 32), np.uint8)
+                mask[top : top + 9, left : left + 9] = 255
+                (root / "ground_truth" / kind).mkdir(parents=True, exist_ok=True)
+                Image.fromarray(mask).save(root / "ground_truth" / kind / f"{i:03d}_mask.png")
+                boxes[f"noise__{i:03d}"] = (top, left)
+            Image.fromarray(img).save(root / "test" / kind / f"{i:03d}.png")
+    return root, boxes
+
+
+def test_a_noise_square_is_found(tmp_path, trained, mvtec):
+    root, boxes = mvtec
+    out = tmp_path / "out"
+    assert run("--pretrained", trained, "--data.path", root / "test", "--output_dir", out) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["normal"] == metrics["anomalous"] == 20 and metrics["pixel_images"] == 40
+    assert metrics["auroc"] > 0.95 and metrics["aupr"] > 0.95 and metrics["pixel_auroc"] > 0.8, metrics
+    inside = 0
+    for name, (top, left) in boxes.items():
+        m = np.load(out / "maps" / f"{name}.npy")
+        assert m.shape == (32, 32)
+        r, c = np.unravel_index(m.argmax(), m.shape)
+        inside += top <= r < top + 9 and left <= c < left + 9
+    assert inside >= 0.9 * len(boxes), inside
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert [r["rank"] for r in rows] == [str(i) for i in range(1, 41)]
+    assert {"file", "score", "rank", "class", "anomalous"} == set(rows[0])
+    for name in ("most_anomalous.png", "roc.png", "maps/good__000.png"):
+        assert (out / name).is_file()
+
+
+def silent(tmp_path, in_chans, img_size):
+    """A saved MAE whose decoder predicts 0: its map is the normalised input squared (mean over channels)."""
+    model = mae.create_mae("mae_vit_micro_patch8", in_chans=in_chans, img_size=img_size, norm_pix_loss=False)
+    torch.nn.init.zeros_(model.decoder.pred.weight)
+    torch.nn.init.zeros_(model.decoder.pred.bias)
+    return save_model(model, tmp_path / f"silent{in_chans}.safetensors")
+
+
+@pytest.mark.parametrize("in_chans", [1, 13])
+def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
+    """Files of the model's size give the map of the input exactly; a file twice as large is resized whole."""
+    weights = silent(tmp_path, in_chans, (24, 40))
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, (h, w), scale in (("same", (24, 40), 1), ("twice", (48, 80), 2)):
+        a = np.zeros((h, w, in_chans), np.float32)
+        a[3 * scale : 9 * scale, 20 * scale : 29 * scale] = 1.0
+        if in_chans == 1:
+            Image.fromarray((a[..., 0] * 255).astype(np.uint8)).save(data / f"{name}.png")
+        else:
+            np.save(data / f"{name}.npy", a)
+    out = tmp_path / "out"
+    stats = ["--data.mean", f"[{','.join(['0'] * in_chans)}]", "--data.std", f"[{','.join(['1'] * in_chans)}]"]
+    assert run("--pretrained", weights, "--data.path", data, "--output_dir", out, *stats) == 0
+    same = np.load(out / "maps" / "same.npy")
+    expected = np.zeros((24, 40), np.float32)
+    expected[3:9, 20:29] = 1.0
+    np.testing.assert_allclose(same, expected, atol=1e-6)
+    twice = np.load(out / "maps" / "twice.npy")
+    assert twice.shape == (24, 40) and twice[4:8, 21:28].min() > 0.9 and twice[expected == 0].max() < 0.3
+
+
+def test_knn_and_both_scores(tmp_path, trained, mvtec):
+    root, _ = mvtec
+    train = tmp_path / "train"
+    train.mkdir()
+    for i, img in enumerate(smooth(np.random.default_rng(5), 24)):
+        Image.fromarray(img).save(train / f"{i}.png")
+    out = tmp_path / "both"
+    result = api_run("anomaly", pretrained=str(trained), data={"path": str(root / "test"), "num_workers": 0},
+                     train_path=str(train), score="both", save_maps=False, output_dir=str(out),
+                     loop={"mixed_precision": "no"})  # fmt: skip
+    assert {"recon_auroc", "knn_auroc", "recon_aupr", "knn_aupr"} <= set(result.metrics)
+    assert result.metrics["auroc"] == result.metrics["recon_auroc"]
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert {"recon_score", "recon_rank", "knn_score", "knn_rank"} <= set(rows[0]) and len(rows) == 40
+    assert not (out / "maps").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec):
+    root, _ = mvtec
+    args = ["anomaly", *COMMON, "--loop.batch_size", "3", "--pretrained", str(trained), "--data.path",
+            str(root / "test"), "--save_maps", "false"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "mae", *args, "--output_dir", str(tmp_path / "two")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    AcceleratorState._reset_state(True)
+    assert main([*args, "--output_dir", str(tmp_path / "one")]) == 0
+
+    def scores(folder):
+        return {r["file"]: float(r["score"]) for r in csv.DictReader((folder / "scores.csv").open())}
+
+    one, two = scores(tmp_path / "one"), scores(tmp_path / "two")
+    assert one.keys() == two.keys() and len(one) == 40
+    np.testing.assert_allclose([two[k] for k in one], list(one.values()), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("encoder_only", "maps need the decoder: use a pretraining run folder or an export that carries it"),
+        ("no_pretrained", "--pretrained: required"),
+        ("missing_pretrained", "--pretrained /no/such: no such file or folder"),
+        ("normal_not_a_class", "--normal shiny: not a class of --data.path (its classes: good, noise)"),
+        ("normal_unlabeled", "has no classes; give a folder with one subfolder per class"),
+        ("knn_without_train", "--train_path: required with --score knn"),
+        ("channels_without_stats", "--data.mean: the run at"),
+        ("masks_out_of_range", "--masks 1: must be >= 2"),
+        ("too_many_masks", "--masks 99: at most 16"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, trained, mvtec, case, expected):
+    root, _ = mvtec
+    args = ["--pretrained", trained, "--data.path", root / "test", "--output_dir", tmp_path / "o"]
+    if case == "encoder_only":
+        args[1] = mae.export_encoder(mae.load_pretrained(trained), tmp_path / "encoder.safetensors")
+    elif case == "no_pretrained":
+        args = args[2:]
+    elif case == "missing_pretrained":
+        args[1] = "/no/such"
+    elif case == "normal_not_a_class":
+        args += ["--normal", "shiny"]
+    elif case == "normal_unlabeled":
+        args[3] = root / "test" / "good"
+        args += ["--normal", "good"]
+    elif case == "knn_without_train":
+        args += ["--score", "knn"]
+    elif case == "channels_without_stats":
+        args[1] = silent(tmp_path, 2, 32)
+    elif case == "masks_out_of_range":
+        args += ["--masks", 1]
+    elif case == "too_many_masks":
+        args += ["--masks", 99]
+    assert run(*args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err

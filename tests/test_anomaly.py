@@ -1,0 +1,136 @@
+"""mae.anomaly: complementary masks, maps aligned with the input at any size and channel count, determinism, the
+aggregates, and AUROC / AUPR against brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import mae
+from mae.anomaly import (
+    aggregate,
+    anomaly_maps,
+    auroc,
+    average_precision,
+    complementary_noise,
+    knn_distance,
+    load_with_decoder,
+    roc_curve,
+)
+from mae.models.masking import random_masking
+
+
+def brute_auroc(s, y):
+    pos, neg = s[y], s[~y]
+    return np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg)])
+
+
+def brute_ap(s, y):
+    """sum over each distinct threshold t, highest first, of (recall(t) - recall(previous)) x precision(t)."""
+    total, last_recall = 0.0, 0.0
+    for t in sorted(set(s.tolist()), reverse=True):
+        chosen = s >= t
+        recall = (chosen & y).sum() / y.sum()
+        total += (recall - last_recall) * (chosen & y).sum() / chosen.sum()
+        last_recall = recall
+    return total
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_auroc_and_average_precision_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 6, 40).astype(float)  # many ties
+    y = rng.random(40) < 0.3
+    assert auroc(s, y) == pytest.approx(brute_auroc(s, y))
+    assert average_precision(s, y) == pytest.approx(brute_ap(s, y))
+    fpr, tpr = roc_curve(s, y)
+    assert np.trapezoid(tpr, fpr) == pytest.approx(brute_auroc(s, y))  # ties as straight segments: the same area
+    assert auroc([1.0, 2.0, 3.0], [0, 1, 1]) == 1.0 and auroc([3.0, 1.0], [0, 1]) == 0.0
+    assert np.isnan(auroc([1.0, 2.0], [0, 0]))
+
+
+@pytest.mark.parametrize("length,masks", [(16, 4), (16, 2), (12, 5), (49, 4)])
+def test_every_patch_is_masked_in_all_sets_but_its_own(length, masks):
+    noise, ratio = complementary_noise(length, masks, seed=3)
+    masked = torch.stack([random_masking(n[None], ratio).mask[0] for n in noise])  # [K, L]
+    visible = masks - masked.sum(0)
+    assert (visible >= 1).all()  # every patch is predicted by some other set's context, and masked somewhere
+    if length % masks == 0:
+        assert (masked.sum(0) == masks - 1).all()
+    else:
+        assert visible.sum() == masks * -(-length // masks)  # the runs overlap only by the rounding
+    assert torch.equal(noise, complementary_noise(length, masks, seed=3)[0])
+
+
+def silent_decoder(in_chans, img_size):
+    """An MAE whose decoder predicts 0 everywhere: its error map is exactly the input squared (mean over
+    channels), so where the map is large tells where the input is."""
+    model = mae.create_mae("mae_vit_micro_patch8", in_chans=in_chans, img_size=img_size, norm_pix_loss=False)
+    torch.nn.init.zeros_(model.decoder.pred.weight)
+    torch.nn.init.zeros_(model.decoder.pred.bias)
+    return model.eval()
+
+
+@pytest.mark.parametrize("in_chans,img_size", [(1, (24, 40)), (13, (32, 16)), (3, 32)])
+def test_map_is_aligned_with_the_input(in_chans, img_size):
+    model = silent_decoder(in_chans, img_size)
+    h, w = model.img_size
+    x = torch.zeros(2, in_chans, h, w)
+    x[0, :, 3:9, 5:14] = 2.0  # not on patch borders
+    x[1, : in_chans // 2 + 1, h - 5 :, w - 7 :] = torch.randn(in_chans // 2 + 1, 5, 7)
+    maps, scores = anomaly_maps(model, x, masks=4, seed=0)
+    assert maps.shape == (2, h, w)
+    torch.testing.assert_close(maps, x.pow(2).mean(1))
+    assert scores[0] == pytest.approx(4.0)  # top 1% of the map: inside the square
+
+
+def test_cross_decoder_predicts_every_masked_patch():
+    model = mae.create_mae(
+        "mae_vit_micro_patch8", img_size=32, decoder="cross", predict_ratio=0.25, norm_pix_loss=False
+    )
+    torch.nn.init.zeros_(model.decoder.pred.weight)
+    torch.nn.init.zeros_(model.decoder.pred.bias)
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(anomaly_maps(model, x)[0], x.pow(2).mean(1))
+    assert model.decoder.predict_ratio == 0.25
+
+
+def test_seeded_and_deterministic_in_any_batch():
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32)
+    x = torch.randn(6, 3, 32, 32)
+    maps, scores = anomaly_maps(model, x, seed=1)
+    again, _ = anomaly_maps(model, x, seed=1)
+    assert torch.equal(maps, again)
+    torch.testing.assert_close(anomaly_maps(model, x[3:], seed=1)[0], maps[3:])  # a batch of its own: the same
+    assert not torch.allclose(anomaly_maps(model, x, seed=2)[0], maps)
+    assert model.training  # restored
+
+
+def test_aggregates():
+    maps = torch.arange(200.0).view(2, 10, 10)
+    assert aggregate(maps, "max").tolist() == [99.0, 199.0]
+    assert aggregate(maps, "mean").tolist() == [49.5, 149.5]
+    assert aggregate(maps, "topk_mean", 1).tolist() == [99.0, 199.0]  # 1% of 100 pixels: one
+    assert aggregate(maps, "topk_mean", 5).tolist() == [97.0, 197.0]
+    with pytest.raises(ValueError, match="choose one of topk_mean"):
+        aggregate(maps, "median")
+
+
+def test_knn_distance():
+    bank = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    query = torch.tensor([[2.0, 0.0], [-1.0, 0.0]])
+    torch.testing.assert_close(knn_distance(bank, query, k=1), torch.tensor([0.0, 1.0]))  # cosine: scale-free
+    torch.testing.assert_close(knn_distance(bank, query, k=2), torch.tensor([0.5 - 0.5**0.5 / 2, 1 + 0.5**0.5 / 2]))
+
+
+def test_an_encoder_only_file_is_refused(tmp_path):
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32)
+    path = mae.export_encoder(model, tmp_path / "encoder.safetensors")
+    with pytest.raises(mae.CheckpointError, match="maps need the decoder: use a pretraining run folder or an export"):
+        load_with_decoder(path)
+    from mae.weights.export import save_model
+
+    full = save_model(model, tmp_path / "full.safetensors")
+    assert load_with_decoder(full).decoder is not None
