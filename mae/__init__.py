@@ -5,7 +5,7 @@ and one function per stage (`pretrain`, `linprobe`, `finetune`, `knn`, `visualiz
 `shard`: the command line's stages, validated as it validates them). Every error a user can cause is a `MaeError`.
 """
 
-from mae.api import convert, export, finetune, knn, linprobe, predict, pretrain, shard, stats, visualize
+from mae.api import anomaly, convert, export, finetune, knn, linprobe, predict, pretrain, shard, stats, visualize
 from mae.errors import CheckpointError, ConfigError, DataError, MaeError, TrainingError
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.stages import StageResult, list_stages, register_stage
@@ -15,6 +15,7 @@ from mae.weights.export import export_encoder, load_encoder
 from mae.weights.importers import load_pretrained
 
 __all__ = [
+    "anomaly",
     "CheckpointError",
     "ConfigError",
     "DataError",

@@ -88,6 +88,7 @@ stats = _stage_function("stats")
 convert = _stage_function("convert")
 shard = _stage_function("shard")
 predict = _stage_function("predict")
+anomaly = _stage_function("anomaly")
 
 __all__ = ["run", "list_stages", *(n for n in ("pretrain", "linprobe", "finetune", "knn", "visualize", "export",
-                                               "stats", "convert", "shard", "predict"))]  # fmt: skip
+                                               "stats", "convert", "shard", "predict", "anomaly"))]  # fmt: skip

@@ -39,6 +39,12 @@ def one_line(message: object) -> str:
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     return re.sub(
         r"(arguments are required: )(.*)$",
-        lambda m: m.group(1) + ", ".join(f"--{a}" if a != "source" else a for a in m.group(2).split(", ")),
+        lambda m: m.group(1) + ", ".join(_dashed(a) for a in m.group(2).split(", ")),
         text,
     )
+
+
+def _dashed(name: str) -> str:
+    """An option as users type it: `source` is positional, and a name already dashed stays as it is (so a message
+    that went through `one_line` once reads the same after a second pass)."""
+    return name if name == "source" or name.startswith("-") else f"--{name}"

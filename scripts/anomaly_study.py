@@ -8,7 +8,8 @@ random-init model of the same architecture, k-NN distance on raw pixels, and PCA
     python scripts/anomaly_study.py --output runs/anomaly_study                      # the full protocol
     python scripts/anomaly_study.py --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
 
-Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly.load_with_decoder`), `mae.anomaly`.
+Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
+`mae.anomaly_maps`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from prepare_fashion_mnist import CLASSES, DEBIAN, IDX, idx_file, read_idx  # noqa: E402
 
 import mae  # noqa: E402
-from mae.anomaly import aggregate, anomaly_maps, auroc, encoder_features, knn_distance, load_with_decoder  # noqa: E402
+from mae.anomaly_maps import aggregate, anomaly_maps, auroc, encoder_features, knn_distance, load_with_decoder  # noqa: E402
 from mae.run_folder import run_config  # noqa: E402
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "anomaly" / "fashion_mnist_one_class.yaml"

@@ -1,4 +1,4 @@
-"""mae.anomaly: complementary masks, maps aligned with the input at any size and channel count, determinism, the
+"""mae.anomaly_maps: complementary masks, maps aligned with the input at any size and channel count, determinism, the
 aggregates, and AUROC / AUPR against brute force."""
 
 import itertools
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mae
-from mae.anomaly import (
+from mae.anomaly_maps import (
     aggregate,
     anomaly_maps,
     auroc,

@@ -82,3 +82,8 @@ def test_every_stage_checks_log_and_eval_intervals(capsys):
 def test_a_missing_required_option_is_named_with_its_dashes(capsys):
     assert main(["export", "--checkpoint", "x"]) == 2
     assert "--output" in capsys.readouterr().err
+
+
+def test_a_missing_option_is_named_as_users_type_it(capsys):
+    assert main(["shard"]) == 2
+    assert capsys.readouterr().err.strip() == "mae shard: error: the following arguments are required: --output, source"

@@ -1,4 +1,4 @@
-"""`mae anomaly`: anomaly maps and scores of images under a pretraining run (`mae.anomaly` does the maths).
+"""`mae anomaly`: anomaly maps and scores of images under a pretraining run (`mae.anomaly_maps` does the maths).
 
 Reads the images as the run was trained (its mean/std, resized to the model's input), runs one evaluation pass
 over every process (`features.predict`, gathered exactly), and writes scores.csv, maps/, most_anomalous.png and,
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mae.anomaly import (
+from mae.anomaly_maps import (
     NEEDS_DECODER,
     aggregate,
     auroc,
