@@ -265,6 +265,9 @@ class PretrainConfig(TrainingConfig):
     --model.in_chans adapts the patch embedding, a different --model.img_size rebuilds the position tables)."""
     init_sha256: str | None = None
     """The sha256 of the --init weights, recorded by the run in config.yaml (given, it must match the file)."""
+    export_decoder: bool = False
+    """Also write the decoder beside encoder.safetensors at the end (decoder.safetensors), so that others can
+    continue the pretraining with --init; timm reads the encoder file as before."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

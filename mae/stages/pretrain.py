@@ -19,7 +19,7 @@ from mae.models.decoder import PixelDecoder, check_decoder
 from mae.models.mae import MaskedAutoencoder
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
-from mae.run_folder import ENCODER, PREVIEW
+from mae.run_folder import ENCODER, PREVIEW, decoder_beside
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import full_state_dict, open_accelerator, plain_model
 from mae.train.checkpoint import check_output_dir, find_resume_checkpoint
@@ -27,7 +27,7 @@ from mae.train.features import KnnMonitor
 from mae.train.optim import adamw
 from mae.train.tasks import PretrainTask
 from mae.train.trainer import train
-from mae.weights.export import save_encoder
+from mae.weights.export import save_decoder, save_encoder
 from mae.weights.importers import load_pretrained, locate_weights
 
 PREVIEW_IMAGES = 8  # images in the reconstruction previews
@@ -227,6 +227,8 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
     path = output_dir / ENCODER
     if accelerator.is_main_process:
         save_encoder(plain_model(accelerator, model), path, to_dict(cfg), full_state=state)
+        if cfg.export_decoder:
+            save_decoder(plain_model(accelerator, model), decoder_beside(path), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
     accelerator.end_training()
     return StageResult(output_dir, task.last_evaluation, path)

@@ -140,6 +140,25 @@ def test_a_classifier_gives_its_encoder_and_drops_its_head(tmp_path, images, cap
     assert "encoder.head.weight" not in start and start["encoder.norm.weight"].shape == (96,)
 
 
+def test_an_export_with_its_decoder_round_trips_exactly_through_init(tmp_path, images):
+    model = mae.create_mae("mae_vit_micro_patch8", norm_pix_loss=True)
+    mae.export_encoder(model, tmp_path / "enc.safetensors", with_decoder=True)
+    out = tmp_path / "run"
+    assert cli("pretrain", "--init", tmp_path / "enc.safetensors", *STEP, "--data.path", images,
+               "--output_dir", out, "--export_decoder", "true") == 0  # fmt: skip
+    imgs, noise = first_batch(images)
+    with torch.no_grad():
+        expected = model.train()(imgs, noise=noise).loss
+    assert first_loss(out) == pytest.approx(expected.item(), rel=1e-6)  # (the batch's order aside)
+    back = mae.load_pretrained(tmp_path / "enc.safetensors").state_dict()  # what --init starts from, bit for bit
+    assert back.keys() == model.state_dict().keys() and all(
+        torch.equal(back[k], v) for k, v in model.state_dict().items()
+    )
+    trained = mae.load_pretrained(out / "encoder.safetensors")  # the run's own export carries its decoder too
+    final = load_file(str(out / "checkpoints" / "step_00000001" / "model.safetensors"))
+    assert all(torch.equal(v, final[k]) for k, v in trained.state_dict().items() if k.startswith("decoder."))
+
+
 @pytest.mark.slow
 def test_sigkill_in_an_init_run_then_rerun_is_bit_identical(tmp_path, images):
     torch.save({"model": official_state(decoder=True)}, tmp_path / "init.pth")
