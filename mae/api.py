@@ -36,7 +36,7 @@ def run(stage: str, config: str | Path | Any = None, **overrides: Any) -> StageR
             raise ConfigError(f"config: expected a recipe path or a {s.config.__name__}, got {type(config).__name__}")
         argv += _options(flatten(to_dict(config)), s)
     argv += _options(flatten({k: _plain(v) for k, v in overrides.items()}), s)
-    return s.run(parse(stage, argv))
+    return s(parse(stage, argv))
 
 
 def _plain(value: Any) -> Any:

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = None
     try:
         cfg = parse(stage, rest)
-        get_stage(stage).run(cfg)
+        get_stage(stage)(cfg)
     except TrainingError as e:
         print(f"mae {stage}: stopped: {one_line(e)}", file=sys.stderr)
         return 1

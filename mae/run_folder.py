@@ -93,6 +93,15 @@ def decoder_beside(weights: str | os.PathLike) -> Path:
     return p.with_name(f"{p.name.removesuffix('.safetensors')}.decoder.safetensors")
 
 
+def last_evaluation(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """The last evaluation line of a run's metrics.jsonl ({} when there is none)."""
+    import json
+
+    path = Path(output_dir) / METRICS
+    lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.is_file() else []
+    return next((m for m in reversed(lines) if "eval" in m), {})
+
+
 def preview_path(epoch: int) -> str:
     """A preview's path relative to the run folder (as metrics.jsonl records it)."""
     return f"{PREVIEWS}/epoch_{epoch:04d}.png"

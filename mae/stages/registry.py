@@ -17,6 +17,7 @@ from typing import Any
 
 from mae.config import check_config
 from mae.errors import ConfigError
+from mae.run_folder import last_evaluation
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,12 @@ class Stage:
         return cfg
 
     def __call__(self, cfg: Any) -> StageResult:
-        return self.run(self.finalize(cfg))
+        """Run the stage; a run that had nothing left to train (resumed at its end) reports the last evaluation its
+        metrics.jsonl holds."""
+        result = self.run(self.finalize(cfg))
+        if not result.metrics and result.output_dir is not None:
+            result = replace(result, metrics=last_evaluation(result.output_dir))
+        return result
 
 
 _STAGES: dict[str, Stage] = {}
