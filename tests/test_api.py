@@ -44,8 +44,8 @@ def test_pretrain_knn_finetune_then_classify_one_image_in_one_process(tmp_path):
         output_dir=tmp_path / "ft",
     )
     assert ft.export == tmp_path / "ft" / "classifier.safetensors" and ft.metrics["eval"] == "val"
-    again = mae.finetune(pretrained=pre.export, data={"path": labeled}, loop={**small, "epochs": 2},
-                         optim={"warmup_epochs": 0.5}, aug={"mixup": 0, "cutmix": 0}, output_dir=tmp_path / "ft")  # fmt: skip
+    same = {"loop": {**small, "epochs": 2}, "optim": {"warmup_epochs": 0.5}, "aug": {"mixup": 0, "cutmix": 0}}
+    again = mae.finetune(pretrained=pre.export, data={"path": labeled}, output_dir=tmp_path / "ft", **same)
     assert again.metrics == ft.metrics  # resumed at its end: nothing to train, the run's last evaluation
 
     clf = mae.load_classifier(ft.output_dir)
