@@ -469,3 +469,41 @@ def test_no_host_sync_between_log_lines(tmp_path, monkeypatch):
     between = [part.split("<log")[0].split() for part in text.split("log>")[1:-1]]
     assert len(between) >= 2  # the steps 6-10 and 11-15 of the 16-step epoch
     assert all(not syncs for syncs in between[:2]), between[:2]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_matches_torchrun(tmp_path):
+    """The README's launcher for many GPUs and nodes, here two CPU processes from a config file: the same
+    encoder, bit for bit, as torchrun's two processes. (Accelerate launches `distributed_type: MULTI_CPU` through
+    mpirun only, one process without it; a MULTI_GPU config on a machine with no GPU runs torchrun's launcher,
+    and each process finds no GPU and joins over gloo, as `MULTI_CPU`.)"""
+    make_images(tmp_path / "imgs", n=16)
+    config = tmp_path / "two_processes.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 2\nnum_machines: 1\n"
+        "machine_rank: 0\ngpu_ids: all\nmixed_precision: 'no'\nuse_cpu: false\nrdzv_backend: static\n"
+        "same_network: true\nmain_training_function: main\n"
+    )
+    args = ["pretrain", *FAST, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2", "--loop.batch_size", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # CPU processes, GPU or not
+    launchers = {
+        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                       "--main_process_port", str(free_port())],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    }  # fmt: skip
+    for name, launcher in launchers.items():
+        proc = subprocess.run([*launcher, "-m", "mae", *args, "--output_dir", str(tmp_path / name)], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "2 process(es)" in proc.stdout + proc.stderr
+    a, b = (load_file(tmp_path / name / "encoder.safetensors") for name in launchers)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["loss"] for m in metrics(tmp_path / "accelerate")] == [m["loss"] for m in metrics(tmp_path / "torchrun")]
