@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
@@ -57,6 +58,8 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
     train_ds = LabeledSamples(setup.train, train_tf, seed=cfg.seed, decode_side=side, in_chans=setup.in_chans)
     mixup, criterion = mixup_and_criterion(cfg, len(setup.classes))
     o, accelerator = cfg.optim, setup.accelerator
+    if mixup is not None:
+        accelerator.register_for_checkpointing(mixup)  # before `train` restores a checkpoint into it
     model, task = train(
         cfg,
         accelerator=accelerator,
@@ -123,7 +126,7 @@ def mixup_and_criterion(cfg: FinetuneConfig, num_classes: int) -> tuple[Any, tor
         )
     if a.mixup > 0 or a.cutmix > 0:
         mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, label_smoothing=a.smoothing, num_classes=num_classes)
-        return mixup, SoftTargetCrossEntropy()
+        return OwnStreamMixup(mixup, cfg.seed), SoftTargetCrossEntropy()
     if a.smoothing > 0:
         return None, LabelSmoothingCrossEntropy(a.smoothing)
     return None, torch.nn.CrossEntropyLoss()
@@ -148,7 +151,7 @@ def fit_head_as_probe(model: torch.nn.Module, cfg: FinetuneConfig, setup: Downst
     features = _PreLogits(model).to(acc.device)  # `predict` runs it in eval mode and restores the mode
     x, y = predict(features, prepare_eval(acc, labeled_eval_loader(setup, setup.train, cfg)), acc)
     vx, vy = predict(features, prepare_eval(acc, labeled_eval_loader(setup, setup.val, cfg)), acc)
-    head = torch.nn.Linear(x.shape[1], len(setup.classes))
+    head = torch.nn.Linear(x.shape[1], len(setup.classes), device="meta").to_empty(device="cpu")  # no RNG drawn
     torch.nn.init.zeros_(head.weight), torch.nn.init.zeros_(head.bias)
     # Full-batch L-BFGS on the cached features: deterministic, the same on every process, seconds on a CPU.
     opt = torch.optim.LBFGS(head.parameters(), lr=1.0, max_iter=PROBE_ITERATIONS, line_search_fn="strong_wolfe")
@@ -186,3 +189,29 @@ def _compare_with_probe(setup: Downstream, output_dir: Path, final: dict) -> Non
             "started from: train longer (--loop.min_steps), lower --optim.blr, or freeze blocks "
             "(--model.frozen_blocks); the probe itself is what `mae linprobe` gives",
         )
+
+
+class OwnStreamMixup:
+    """timm's `Mixup` drawing from a NumPy stream of its own, seeded by --seed and saved in every checkpoint
+    (`state_dict`), instead of NumPy's global one. The global stream is also drawn by the loader when it
+    prepares a batch in the training process (`seeded_rng`), and the batch after a checkpoint is prepared
+    before the checkpoint and again after a resume: mixup's draws would then differ from an uninterrupted run's."""
+
+    def __init__(self, mixup: Mixup, seed: int) -> None:
+        self.mixup = mixup
+        self.rng = np.random.RandomState(seed)
+
+    def __call__(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outer = np.random.get_state()
+        np.random.set_state(self.rng.get_state())
+        try:
+            return self.mixup(x, target)
+        finally:
+            self.rng.set_state(np.random.get_state())
+            np.random.set_state(outer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"numpy": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.set_state(state["numpy"])

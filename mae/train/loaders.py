@@ -45,7 +45,19 @@ def make_loader(
         # the epoch travels with each index, not the dataset (a stream's workers must start afresh instead)
         persistent_workers=persistent and num_workers > 0,
         worker_init_fn=_init_worker,
+        generator=_own_generator(),
     )
+
+
+def _own_generator() -> torch.Generator:
+    """A generator of the loader's own for the seed every pass draws for its workers. Without one, each pass
+    draws from torch's global generator, which also drives dropout and drop path: a resumed run, whose pass over
+    the interrupted epoch starts after the checkpoint's RNG state is restored, would draw once more than an
+    uninterrupted one and train on different random numbers. Seeded from the global generator, so the worker
+    seeds still follow `--seed`; sample randomness comes from (seed, epoch, index) whatever the worker's seed."""
+    generator = torch.Generator()
+    generator.manual_seed(int(torch.randint(2**62, ())))
+    return generator
 
 
 def _init_worker(worker_id: int) -> None:

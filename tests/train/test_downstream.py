@@ -89,6 +89,26 @@ def test_linprobe_learns_and_never_touches_the_encoder(tmp_path, labeled, encode
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert json.loads(meta["classes"]) == ["blue", "green", "red"]
     assert json.loads((out / "classes.json").read_text()) == ["blue", "green", "red"]
+    # The folded head (BatchNorm into the linear layer) scores the held-out images as the stage measured them.
+    assert export_top1(out, labeled) == pytest.approx(last["top1"], abs=100 / 30 + 1e-9)  # to within one image
+
+
+def export_top1(out, data) -> float:
+    """Top-1 of the classifier a run exported, over the run's held-out split, computed here image by image."""
+    from PIL import Image
+
+    from mae.data.labeled import split
+    from mae.data.open import open_source
+
+    clf = mae.load_classifier(out / "classifier.safetensors")
+    _, val = split(open_source(data, labeled=True), 0.25, seed=0)
+    right = 0
+    for i in range(len(val)):
+        with Image.open(val.name(i)) as img:
+            x = clf.transform(img.convert("RGB")).unsqueeze(0)
+        with torch.no_grad():
+            right += int(clf.model(x).argmax(1).item() == int(val.labels[i]))
+    return 100 * right / len(val)
 
 
 def test_finetune_trains_everything_with_layer_decay(tmp_path, labeled, encoder):
@@ -155,8 +175,18 @@ def test_knn_matches_brute_force():
         for j in nearest:
             votes[int(bank_labels[j])] += torch.tensor(sims[j] / 0.07).exp().item()
         torch.testing.assert_close(scores[i], torch.tensor(votes), rtol=1e-4, atol=1e-4)
+    assert set(topk_accuracy(scores, labels)) == {"top1", "top5"}
+
+
+def test_topk_accuracy_counts_the_labels_ranked_within_k():
+    g = torch.Generator().manual_seed(1)
+    scores, labels = torch.randn(30, 7, generator=g), torch.randint(0, 7, (30,), generator=g)
     acc = topk_accuracy(scores, labels)
-    assert set(acc) == {"top1", "top5"}
+    # a label is in the top k when fewer than k classes score higher than it (no ties among random scores)
+    above = [sum(float(s) > float(row[int(y)]) for s in row) for row, y in zip(scores, labels, strict=True)]
+    assert acc["top1"] == pytest.approx(100 * sum(a < 1 for a in above) / 30)
+    assert acc["top5"] == pytest.approx(100 * sum(a < 5 for a in above) / 30)
+    assert 0 < acc["top1"] < acc["top5"] < 100  # the data make both informative
 
 
 def test_knn_stage_and_random_baseline(tmp_path, labeled, encoder):
@@ -275,3 +305,14 @@ def test_probe_optimizer_follows_the_batch_and_warns_of_lars_at_small_batches(tm
     assert run("linprobe", *common, "--optim.optimizer", "lars", "--output_dir", tmp_path / "lars") == 0
     err = capsys.readouterr().err
     assert "warning: --optim.optimizer lars at an effective batch of 16" in err
+
+
+def test_a_random_init_baseline_follows_the_seed(tmp_path, labeled):
+    """`--pretrained random:PRESET`: the same command gives the same classifier; another seed another one."""
+    args = ["--pretrained", "random:mae_vit_micro_patch8", "--data.path", labeled, "--model.img_size", 32,
+            "--loop.epochs", 1, "--optim.warmup_epochs", 0]  # fmt: skip
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        assert run("finetune", *args, "--seed", seed, "--output_dir", tmp_path / name) == 0
+    a, b, c = (load_file(tmp_path / name / "classifier.safetensors") for name in "abc")
+    assert a.keys() == b.keys() == c.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["blocks.0.attn.qkv.weight"], c["blocks.0.attn.qkv.weight"])

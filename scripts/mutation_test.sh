@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Mutation testing of the core with mutmut (not in CI: minutes to hours). Each mutant of a module must make
+# one of its tests fail; survivors are either equivalent mutants or missing tests.
+#   scripts/mutation_test.sh mae/models/patches.py "tests/models/test_patches.py tests/models/test_mae.py"
+# Modules worth it: mae/models/{masking,patches,pos_embed}.py, mae/data/samplers.py, mae/train/checkpoint.py.
+set -euo pipefail
+module=${1:?usage: $0 MODULE.py "TEST FILES"}
+tests=${2:?usage: $0 MODULE.py "TEST FILES"}
+pip show mutmut >/dev/null 2>&1 || pip install "mutmut>=3"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+cat > setup.cfg.mutmut <<CFG
+[mutmut]
+paths_to_mutate=$module
+tests_dir=tests/
+pytest_add_cli_args_test_selection=$tests
+CFG
+trap 'rm -f setup.cfg.mutmut; [ -f setup.cfg.bak ] && mv setup.cfg.bak setup.cfg || rm -f setup.cfg' EXIT
+[ -f setup.cfg ] && cp setup.cfg setup.cfg.bak
+cp setup.cfg.mutmut setup.cfg
+mutmut run || true
+mutmut results
