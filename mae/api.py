@@ -17,6 +17,8 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
+from accelerate.state import AcceleratorState
+
 from mae.cli import parse
 from mae.config import flatten, to_dict
 from mae.errors import ConfigError
@@ -36,7 +38,11 @@ def run(stage: str, config: str | Path | Any = None, **overrides: Any) -> StageR
             raise ConfigError(f"config: expected a recipe path or a {s.config.__name__}, got {type(config).__name__}")
         argv += _options(flatten(to_dict(config)), s)
     argv += _options(flatten({k: _plain(v) for k, v in overrides.items()}), s)
-    return s(parse(stage, argv))
+    cfg = parse(stage, argv)
+    # One process may run several stages, each with its own precision: Accelerate keeps one state per process,
+    # which only this (private) reset lets a new stage set up afresh.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return s(cfg)
 
 
 def _plain(value: Any) -> Any:

@@ -94,12 +94,13 @@ def decoder_beside(weights: str | os.PathLike) -> Path:
 
 
 def last_evaluation(output_dir: str | os.PathLike) -> dict[str, Any]:
-    """The last evaluation line of a run's metrics.jsonl ({} when there is none)."""
+    """The last evaluation line of a run's metrics.jsonl, without its step and epoch ({} when there is none)."""
     import json
 
     path = Path(output_dir) / METRICS
     lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.is_file() else []
-    return next((m for m in reversed(lines) if "eval" in m), {})
+    last = next((m for m in reversed(lines) if "eval" in m), {})
+    return {k: v for k, v in last.items() if k not in ("step", "epoch")}
 
 
 def preview_path(epoch: int) -> str:

@@ -186,4 +186,4 @@ def test_sigkill_in_an_init_run_then_rerun_is_bit_identical(tmp_path, images):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     torch.save({"model": official_state(decoder=True, seed=1)}, tmp_path / "init.pth")  # other weights: refused
     changed = child(tmp_path / "killed")
-    assert changed.returncode == 2 and "the weights changed since the run started" in changed.stderr
+    assert changed.returncode == 2 and "was trained with a different config (init_sha256: " in changed.stderr

@@ -145,7 +145,8 @@ def test_knn_survives_a_corrupt_corpus(tmp_path, deny_locked):
 @pytest.mark.parametrize("stage", ["pretrain", "finetune", "linprobe", "knn"])
 def test_a_corpus_with_no_readable_image_ends_the_run(tmp_path, stage, capsys):
     """Skipping unreadable files must not train (or score) on nothing: when none can be read, the run ends
-    with one line, exit 1 in the training loop, exit 2 where features are extracted (probe, k-NN)."""
+    with one line, exit 1 in the training loop, exit 2 where features are extracted (probe, k-NN, and the
+    fine-tune's starting probe, which reads the data before its loop)."""
     for name in ("a", "b"):
         (tmp_path / "lab" / name).mkdir(parents=True)
         for i in range(4):
@@ -163,7 +164,7 @@ def test_a_corpus_with_no_readable_image_ends_the_run(tmp_path, stage, capsys):
         warnings.simplefilter("ignore")  # one per file, checked by the tests above
         code = main([stage, *args])
     err = error_lines(capsys.readouterr().err)
-    assert code == (1 if stage in ("pretrain", "finetune") else 2), err
+    assert code == (1 if stage == "pretrain" else 2), err
     assert "no image" in err[-1] and "could be read: every file was skipped as unreadable" in err[-1], err[-1]
 
 
@@ -335,6 +336,61 @@ def test_a_second_signal_exits_at_once(tmp_path, reference):
     proc = child(tmp_path / "run", SIGTERM_AT_STEP_5.format(times=2))
     assert proc.returncode == 128 + signal.SIGTERM
     assert not (tmp_path / "run" / "checkpoints" / "step_00000005").exists()
+
+
+@pytest.mark.slow
+def test_sigint_saves_and_exits_0_then_resumes(tmp_path, reference):
+    out = tmp_path / "run"
+    stopped = child(out, SIGTERM_AT_STEP_5.format(times=1).replace("SIGTERM", "SIGINT"))
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    assert "stopped by signal at step 5" in stopped.stdout
+    assert child(out).returncode == 0
+    assert_same_tensors(final_weights(out), reference)
+
+
+@pytest.mark.slow
+def test_resume_from_a_named_checkpoint_and_checkpoints_are_pruned(tmp_path, reference):
+    out = tmp_path / "run"
+    assert child(out, SIGTERM_AT_STEP_5.format(times=1)).returncode == 0
+    kept = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000004", "step_00000005"]  # --loop.keep_checkpoints 2: step 2's is gone
+    resumed = child(out, args=[*ARGS, "--resume", str(out / "checkpoints" / "step_00000004")])
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout and "(step 4," in resumed.stdout
+    assert_same_tensors(final_weights(out), reference)  # step 5's checkpoint was not the one read
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_00000010", "step_00000012"]
+    missing = child(out, args=[*ARGS, "--resume", str(tmp_path / "nowhere")])
+    assert missing.returncode == 2 and error_lines(missing.stderr) == [
+        f"mae pretrain: error: --resume {tmp_path / 'nowhere'}: no such checkpoint; use auto, never or a checkpoint "
+        "folder"
+    ]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_with_a_checkpoint_then_resumes(tmp_path):
+    make_images(tmp_path / "imgs", n=16)
+    args = ["pretrain", *FAST, "--data.path", str(tmp_path / "imgs"), "--data.num_workers", "0", "--loop.epochs", "3",
+            "--loop.batch_size", "2", "--loop.checkpoint_every", "100"]  # fmt: skip
+    driver = DRIVER.format(inject=textwrap.dedent(SIGTERM_AT_STEP_5.format(times=1)).replace(
+        "if calls[0] == 5:", "if calls[0] == 5 and os.environ['RANK'] == '1':"))  # fmt: skip
+    script = tmp_path / "driver.py"
+    script.write_text(driver)
+
+    def launch(out, code):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(code),
+               *args, "--output_dir", str(out)]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ,
+                              "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+
+    plain = tmp_path / "plain.py"
+    plain.write_text(DRIVER.format(inject=""))
+    assert launch(tmp_path / "whole", plain).returncode == 0
+    stopped = launch(tmp_path / "run", script)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "stopped by signal at step" in stopped.stdout
+    assert list((tmp_path / "run" / "checkpoints").glob("step_*"))  # the agreed stop saved a checkpoint
+    resumed = launch(tmp_path / "run", plain)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stderr[-3000:]
+    assert_same_tensors(final_weights(tmp_path / "run"), final_weights(tmp_path / "whole"))
 
 
 # --- disks ---------------------------------------------------------------------------------------
