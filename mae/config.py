@@ -453,8 +453,9 @@ class StatsDataConfig:
 class StatsModelConfig:
     """How the images are read."""
 
-    in_chans: int = ranged(3, ge=1)
-    """Channels per image, as in mae pretrain (3: RGB; 1: grayscale; N: multispectral)."""
+    in_chans: int | None = ranged(None, ge=1)
+    """Channels per image, as in mae pretrain (3: RGB; 1: grayscale; N: multispectral); null = as many as the
+    first readable file has (a 13-band .npy folder gives 13)."""
 
 
 @dataclass(frozen=True)
