@@ -327,7 +327,7 @@ class ProbeOptimConfig:
     warmup_epochs: float = ranged(10.0, ge=0)
     """Linear warm-up length, applied per step."""
     momentum: float = ranged(0.9, ge=0, lt=1)
-    """LARS / SGD momentum."""
+    """Momentum of the LARS or SGD update (the paper's linear probe: 0.9); AdamW ignores it."""
     optimizer: Literal["auto", "lars", "sgd", "adamw"] = "auto"
     """auto: the paper's LARS at an effective batch of 256 or more, SGD (same lr) below, where LARS's trust ratio
     makes tiny steps (batch 16: 41.7% top-1 with LARS, 94.4% with SGD on the same features)."""
