@@ -527,7 +527,7 @@ class ShardConfig:
 
 # Settings applied under the user's own options when `mae pretrain` runs on the demo images,
 # so the first command a new user types finishes in about a minute on a 2-core CPU: 112 steps of batch 32.
-# Measured on 2 idle cores of an AMD EPYC without AVX-512: 40 epochs at blr 1.5e-3 took 102 s and ended at a
+# Measured on 2 idle cores of an AMD EPYC (AVX512-BF16, no AMX): 40 epochs at blr 1.5e-3 took 102 s and ended at a
 # preview loss of 0.761; 16 at blr 3e-3 take 45 s and end at 0.762, the same grid (on a loaded machine, minutes).
 DEMO_OVERRIDES: dict[str, Any] = {
     "model.name": "mae_vit_tiny_patch16",
