@@ -50,10 +50,14 @@ def parse(stage: str, argv: list[str]) -> Any:
     s = get_stage(stage)
     parser = build_parser(stage)
     try:
-        ns = parser.parse_args(argv)
+        # jsonargparse prints the config and exits while parsing --print_config: decide "demo or not" without
+        # it, so that what it prints is what the demo then runs.
+        printing = [a for a in argv if a.startswith("--print_config")]
+        ns = parser.parse_args([a for a in argv if a not in printing])
         demo = s.demo is not None and ns.data.path is None
         if demo:  # the demo's settings, under the user's own options
             parser.set_defaults(s.demo)
+        if demo or printing:
             ns = parser.parse_args(argv)
     except argparse.ArgumentError as e:
         raise ConfigError(one_line(e)) from None

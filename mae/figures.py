@@ -49,7 +49,18 @@ def reconstruction_grid(
     pasted = torch.where(mask_img.bool(), reconstructed, original)
     rows = torch.stack([as_rgb(t, bands) for t in (original, masked, reconstructed, pasted)], dim=1).flatten(0, 1)
     model.train(was_training)
-    return make_grid(rows.float().cpu(), nrow=4, padding=2, pad_value=1.0), out.loss.item()
+    return make_grid(enlarge(rows.float().cpu()), nrow=4, padding=2, pad_value=1.0), out.loss.item()
+
+
+# Small images (28-px digits) are drawn this large at least, so that a grid reads without zooming.
+MIN_SHOWN_SIDE = 128
+
+
+def enlarge(images: torch.Tensor, min_side: int = MIN_SHOWN_SIDE) -> torch.Tensor:
+    """[N, C, H, W] -> the same images scaled up by the smallest whole factor that makes the shorter side at
+    least `min_side` (nearest neighbour: each pixel becomes a sharp square); larger images as they are."""
+    factor = -(-min_side // min(images.shape[-2:]))
+    return images if factor <= 1 else F.interpolate(images, scale_factor=factor, mode="nearest")
 
 
 def as_rgb(images: torch.Tensor, bands: tuple[int, int, int] | None = None) -> torch.Tensor:
@@ -106,7 +117,7 @@ def attention_grid(
     original = as_rgb(denormalize(x, mean, std))
     overlay = heat_overlay(original.unsqueeze(1), heat)
     rows = torch.cat([original.unsqueeze(1), overlay], dim=1).flatten(0, 1)
-    return make_grid(rows.float().cpu(), nrow=maps.shape[1] + 1, padding=2, pad_value=1.0)
+    return make_grid(enlarge(rows.float().cpu()), nrow=maps.shape[1] + 1, padding=2, pad_value=1.0)
 
 
 def heat_colour(heat: torch.Tensor) -> torch.Tensor:

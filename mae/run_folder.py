@@ -6,12 +6,14 @@ and importers ask it for paths instead of spelling file names themselves.
     OUTPUT_DIR/
       config.yaml              the resolved config
       metrics.jsonl            one JSON object per logged step and per evaluation
-      checkpoints/step_N/      Accelerate state + loop_state.json + config.yaml (written as .tmp-step_N, renamed)
+      checkpoints/step_00000012/  Accelerate state + loop_state.json + config.yaml (written as .tmp-step_..., renamed)
       encoder.safetensors      pretraining: the encoder, timm key names
       decoder.safetensors      pretraining with the decoder exported: its weights beside the encoder's
-      preview.png, previews/   pretraining: reconstruction grids
+      preview.png              pretraining: the latest reconstruction grid
+      previews/epoch_0004.png  pretraining: the grid at each evaluation
       classifier.safetensors   linprobe / finetune: the whole timm classifier
       classes.json             linprobe / finetune: class names, index = label
+      mae/                     TensorBoard event files (when tensorboard is installed; Accelerate's tracker)
       error.log                the traceback of a failed run (error-rankR.log for rank R > 0)
 """
 

@@ -1,4 +1,4 @@
-"""The README's code runs as printed and gives what the stages logged."""
+"""The timm code of the README and of docs/weights.md runs as printed and gives what the stages logged."""
 
 import json
 import re
@@ -14,11 +14,12 @@ from mae.train.features import knn_scores, topk_accuracy
 from tests.conftest import make_images, make_labeled
 
 README = Path(__file__).parents[1] / "README.md"
+WEIGHTS = Path(__file__).parents[1] / "docs" / "weights.md"
 
 
-def snippet(file_name: str, path: Path) -> dict:
-    """Run the README's python block that loads `file_name` in plain timm, on `path`; its variables."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def snippet(file_name: str, path: Path, page: Path = WEIGHTS) -> dict:
+    """Run the page's python block that loads `file_name` in plain timm, on `path`; its variables."""
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     [code] = [b for b in blocks if f'/{file_name}"' in b and "timm.create_model" in b]
     code = re.sub(rf'"[^"]*/{re.escape(file_name)}"', repr(str(path)), code)
     namespace: dict = {}
@@ -62,14 +63,15 @@ def test_the_encoder_snippet_gives_the_logged_knn_accuracy(data, tmp_path):
     root, pre, fast = data
     assert cli("knn", "--pretrained", pre, "--data.path", root / "train", "--data.val_path", root / "val",
                "--loop.batch_size", 16, "--output_dir", tmp_path / "knn", *fast) == 0  # fmt: skip
-    ns = snippet("encoder.safetensors", pre / "encoder.safetensors")
-    model, transform = ns["model"].eval(), ns["transform"]
-    crop = [t for t in transform.transforms if type(t).__name__ == "CenterCrop"]
-    assert list(crop[0].size) == [32, 32]  # the export's input size, not timm's 224 default
-    _, bank, bank_labels = features(model, transform, root / "train")
-    _, query, labels = features(model, transform, root / "val")
-    scores = knn_scores(bank, bank_labels, query, num_classes=3)
-    assert topk_accuracy(scores, labels)["top1"] == pytest.approx(last_eval(tmp_path / "knn")["top1"])
+    for page in (README, WEIGHTS):
+        ns = snippet("encoder.safetensors", pre / "encoder.safetensors", page)
+        model, transform = ns["model"].eval(), ns["transform"]
+        crop = [t for t in transform.transforms if type(t).__name__ == "CenterCrop"]
+        assert list(crop[0].size) == [32, 32]  # the export's input size, not timm's 224 default
+        _, bank, bank_labels = features(model, transform, root / "train")
+        _, query, labels = features(model, transform, root / "val")
+        scores = knn_scores(bank, bank_labels, query, num_classes=3)
+        assert topk_accuracy(scores, labels)["top1"] == pytest.approx(last_eval(tmp_path / "knn")["top1"]), page
 
 
 def test_the_classifier_snippet_gives_the_logged_accuracy(data, tmp_path):

@@ -28,7 +28,8 @@ def test_attention_and_reconstruction_grids_have_the_documented_layout():
     vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3, num_classes=0)
     imgs = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
     grid = attention_grid(vit, imgs, (0.5,) * 3, (0.25,) * 3)
-    assert grid.shape == (3, 2 * 34 + 2, 5 * 34 + 2)  # image, mean, 3 heads; 2 rows; 2 px padding
+    side = 4 * 32  # small images are drawn 4x (nearest): at least 128 px
+    assert grid.shape == (3, 2 * (side + 2) + 2, 5 * (side + 2) + 2)  # image, mean, 3 heads; 2 rows; 2 px padding
     assert 0 <= grid.min() and grid.max() <= 1
 
     from mae.data.transforms import normalize
@@ -37,20 +38,35 @@ def test_attention_and_reconstruction_grids_have_the_documented_layout():
     model = create_mae("mae_vit_micro_patch8").eval()
     noise = torch.rand(2, 16)
     grid, loss = reconstruction_grid(model, imgs, noise, (0.5,) * 3, (0.25,) * 3)
-    assert grid.shape == (3, 2 * 34 + 2, 4 * 34 + 2) and loss > 0
+    assert grid.shape == (3, 2 * (side + 2) + 2, 4 * (side + 2) + 2) and loss > 0
     mask = model(normalize(imgs, (0.5,) * 3, (0.25,) * 3), noise=noise).mask[0].reshape(4, 4)
 
-    def cell(col, r, c):  # patch (r, c) of image 0 in grid column `col`
-        y, x = 2 + 8 * r, 2 + 34 * col + 8 * c
-        return grid[:, y : y + 8, x : x + 8]
+    def cell(col, r, c):  # patch (r, c) of image 0 in grid column `col`: 8 px drawn as 32
+        y, x = 2 + 32 * r, 2 + (side + 2) * col + 32 * c
+        return grid[:, y : y + 32, x : x + 32]
 
+    original = imgs[0].float() / 255
     for r in range(4):
         for c in range(4):
+            patch = original[:, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8]
+            assert torch.allclose(cell(0, r, c), patch.repeat_interleave(4, 1).repeat_interleave(4, 2), atol=1e-6)
             if mask[r, c] == 0:  # visible: column 3 pastes the original back
                 assert torch.equal(cell(3, r, c), cell(0, r, c))
             else:  # masked: grey in column 1, the reconstruction in column 3
                 assert torch.allclose(cell(1, r, c), torch.full_like(cell(1, r, c), 0.5))
                 assert torch.equal(cell(3, r, c), cell(2, r, c))
+
+
+def test_small_images_are_enlarged_to_at_least_128_px_and_large_ones_kept():
+    from mae.figures import enlarge
+
+    small = torch.rand(2, 1, 28, 28)
+    big = enlarge(small)
+    assert big.shape == (2, 1, 140, 140)  # 5x: the smallest whole factor reaching 128
+    assert torch.equal(big[:, :, ::5, ::5], small) and torch.equal(big[:, :, 4::5, 4::5], small)  # nearest
+    assert enlarge(torch.rand(1, 3, 96, 200)).shape == (1, 3, 192, 400)  # the shorter side decides
+    large = torch.rand(1, 3, 128, 160)
+    assert enlarge(large) is large
 
 
 def test_visualize_reads_its_images_as_training_does(tmp_path):

@@ -5,8 +5,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mae.data.images import DECODE_ERRORS
 from mae.data.transforms import load_image
 from mae.errors import DataError
+
+
+def stored_channels(source, *, tries: int = 100) -> int:
+    """How many channels the first readable image of `source` stores (8-bit pictures: 1 for grayscale, 3 for
+    colour, as `--model.in_chans` would read them)."""
+    for index in range(min(tries, len(source))):
+        try:
+            array = source.load_array(index)
+        except DECODE_ERRORS:
+            continue
+        return int(array.shape[-1]) if array.ndim == 3 else 1
+    raise DataError(f"none of the first {min(tries, len(source))} images could be read; check --data.path")
 
 
 def channel_stats(source, in_chans: int, *, samples: int = 1000, seed: int = 0) -> tuple[list[float], list[float]]:

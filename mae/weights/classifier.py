@@ -37,7 +37,7 @@ def save_classifier(
     state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads, head
-    included, when given the `pretrained_cfg` in its metadata (see the README); `load_classifier` reads it."""
+    included, when given the `pretrained_cfg` in its metadata (see docs/weights.md); `load_classifier` reads it."""
     args = {**args, "num_classes": len(classes)}
     size = args["img_size"]
     size = [size, size] if isinstance(size, int) else list(size)

@@ -180,3 +180,14 @@ def test_stats_prints_per_channel_mean_and_std(tmp_path, capsys):
     np.testing.assert_allclose(printed["mean"], stacked.mean(0), atol=1e-5)
     np.testing.assert_allclose(printed["std"], stacked.std(0), atol=1e-5)
     assert "--data.mean" in out
+
+
+def test_stats_reads_the_channel_count_from_the_files(tmp_path, capsys):
+    data = write_folder(tmp_path / "bands", 13, n=4)
+    assert main(["stats", "--data.path", str(data)]) == 0  # no --model.in_chans: the arrays say 13
+    out = capsys.readouterr().out
+    stacked = np.stack([np.load(p) for p in sorted(data.iterdir())]).astype(np.float64).reshape(-1, 13)
+    printed = {line.split()[0]: json.loads(line.split(maxsplit=1)[1]) for line in out.splitlines()[1:3]}
+    assert "13 channels" in out.splitlines()[0]
+    np.testing.assert_allclose(printed["mean"], stacked.mean(0), atol=1e-5)
+    np.testing.assert_allclose(printed["std"], stacked.std(0), atol=1e-5)

@@ -250,6 +250,22 @@ def test_print_config_shows_resolved_values(capsys):
     assert "blr: 0.003" in out and "mask_ratio: 0.75" in out
 
 
+def test_print_config_without_data_shows_what_the_demo_runs(capsys):
+    import yaml
+
+    from mae.config import DEMO_OVERRIDES
+
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    for key, value in DEMO_OVERRIDES.items():  # the demo's settings, not the ViT-B/800-epoch defaults
+        section, _, name = key.rpartition(".")
+        assert (printed[section][name] if section else printed[name]) == value, key
+    with pytest.raises(SystemExit):  # the user's own options still win
+        main(["pretrain", "--loop.epochs", "3", "--print_config=skip_null"])
+    assert yaml.safe_load(capsys.readouterr().out)["loop"]["epochs"] == 3
+
+
 @pytest.mark.slow
 def test_demo_and_visualize(tmp_path):
     out = tmp_path / "demo"
@@ -278,7 +294,7 @@ def test_demo_and_visualize(tmp_path):
         == 0
     )
     with Image.open(tmp_path / "grid.png") as grid:
-        assert grid.size == (4 * 64 + 5 * 2, 2 * 64 + 3 * 2)
+        assert grid.size == (4 * 128 + 5 * 2, 2 * 128 + 3 * 2)  # 64-px images drawn 2x: at least 128 px
 
 
 def test_nonfinite_losses_are_skipped_then_stop_the_run(tmp_path, monkeypatch, capsys):
