@@ -13,6 +13,7 @@ command-line options are. Bad input raises a `mae.MaeError` subclass carrying th
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from accelerate.state import AcceleratorState
 
 from mae.cli import parse
 from mae.config import flatten, to_dict
+from mae.data.open import remember_dataset
 from mae.errors import ConfigError
 from mae.stages import StageResult, get_stage, list_stages
 
@@ -46,8 +48,16 @@ def run(stage: str, config: str | Path | Any = None, **overrides: Any) -> StageR
 
 
 def _plain(value: Any) -> Any:
-    """A section given as a config object becomes a dict, as a recipe would state it."""
-    return to_dict(value) if is_dataclass(value) and not isinstance(value, type) else value
+    """A section given as a config object becomes a dict, as a recipe would state it; a `datasets.Dataset` (as a data
+    path) a token that the data factory resolves in this process."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    datasets = sys.modules.get("datasets")
+    if datasets is not None and isinstance(value, datasets.Dataset):
+        return remember_dataset(value)
+    return value
 
 
 def _options(values: dict[str, Any], stage: Any) -> list[str]:

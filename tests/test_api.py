@@ -79,3 +79,17 @@ def test_a_recipe_and_a_config_object_are_read_as_the_command_line_reads_them(tm
 
     with pytest.raises(mae.ConfigError, match=r"--seed -1: must be >= 0"):
         mae.pretrain(PretrainConfig(), seed=-1)
+
+
+def test_data_may_be_a_datasets_dataset_object(tmp_path):
+    import datasets
+
+    images = [Image.new("RGB", (32, 32), (i * 30 % 255, 80, 160)) for i in range(8)]
+    ds = datasets.Dataset.from_dict({"image": images})
+    tiny = {"model": {"name": "mae_vit_micro_patch8", "img_size": 32}, "loop": {"epochs": 1, "batch_size": 4}}
+    result = mae.pretrain(data={"path": ds}, output_dir=tmp_path / "pre", **tiny)
+    assert result.export.is_file() and result.metrics["eval"] == "preview"
+    saved = (tmp_path / "pre" / "config.yaml").read_text()
+    assert "path: datasets-object:" in saved  # what config.yaml can say of an object: its fingerprint
+    with pytest.raises(mae.DataError, match="lives only in the process that handed it"):
+        mae.pretrain(data={"path": "datasets-object:unknown"}, output_dir=tmp_path / "x")

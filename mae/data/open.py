@@ -203,15 +203,36 @@ class DemoKind(SourceKind):
         return DemoSource()
 
 
+_IN_MEMORY: dict[str, Any] = {}  # token -> a `datasets.Dataset` handed to the Python API in this process
+IN_MEMORY_PREFIX = "datasets-object:"
+
+
+def remember_dataset(dataset: Any) -> str:
+    """A path string standing for `dataset` in this process (configs hold strings): "datasets-object:FINGERPRINT"."""
+    token = f"{IN_MEMORY_PREFIX}{getattr(dataset, '_fingerprint', None) or id(dataset)}"
+    _IN_MEMORY[token] = dataset
+    return token
+
+
 @register_source
 class DatasetKind(SourceKind):
-    """A `datasets.Dataset` object (the Python API), read as `hf:` datasets are."""
+    """A `datasets.Dataset` object (the Python API), or the token `remember_dataset` gave it, read as `hf:`
+    datasets are."""
 
     name = DATASET_LABEL
 
     def matches(self, path: Any) -> bool:
+        if isinstance(path, str):
+            return path.startswith(IN_MEMORY_PREFIX)
         datasets = sys.modules.get("datasets")  # whoever holds a Dataset has imported datasets
         return datasets is not None and isinstance(path, datasets.Dataset)
 
     def open(self, path, *, labeled, image_column, label_column, option):
+        if isinstance(path, str):
+            if path not in _IN_MEMORY:
+                raise DataError(
+                    f"{option} {path}: a datasets.Dataset handed to the Python API lives only in the process that "
+                    "handed it; save it (Dataset.save_to_disk) and give its folder"
+                )
+            path = _IN_MEMORY[path]
         return open_hf(path, labeled=labeled, image_column=image_column, label_column=label_column, option=option)
