@@ -38,8 +38,9 @@ def test_attention_and_reconstruction_grids_have_the_documented_layout():
     model = create_mae("mae_vit_micro_patch8").eval()
     noise = torch.rand(2, 16)
     grid, loss = reconstruction_grid(model, imgs, noise, (0.5,) * 3, (0.25,) * 3)
-    assert grid.shape == (3, 2 * (side + 2) + 2, 4 * (side + 2) + 2) and loss > 0
-    mask = model(normalize(imgs, (0.5,) * 3, (0.25,) * 3), noise=noise).mask[0].reshape(4, 4)
+    out = model(normalize(imgs, (0.5,) * 3, (0.25,) * 3), noise=noise)
+    assert grid.shape == (3, 2 * (side + 2) + 2, 4 * (side + 2) + 2) and loss == pytest.approx(out.loss.item())
+    mask = out.mask[0].reshape(4, 4)
 
     def cell(col, r, c):  # patch (r, c) of image 0 in grid column `col`: 8 px drawn as 32
         y, x = 2 + 32 * r, 2 + (side + 2) * col + 32 * c
