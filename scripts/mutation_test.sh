@@ -8,12 +8,11 @@ module=${1:?usage: $0 MODULE.py "TEST FILES"}
 tests=${2:?usage: $0 MODULE.py "TEST FILES"}
 pip show mutmut >/dev/null 2>&1 || pip install "mutmut>=3"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-cat > setup.cfg.mutmut <<CFG
-[mutmut]
-paths_to_mutate=$module
-tests_dir=tests/
-pytest_add_cli_args_test_selection=$tests
-CFG
+# mutmut 3 reads lists one item a line: the module to mutate, and the tests that run against each mutant
+{
+  printf '[mutmut]\nsource_paths=\n    %s\nalso_copy=\n    mae/\npytest_add_cli_args_test_selection=\n' "$module"
+  for t in $tests; do printf '    %s\n' "$t"; done
+} > setup.cfg.mutmut
 trap 'rm -f setup.cfg.mutmut; [ -f setup.cfg.bak ] && mv setup.cfg.bak setup.cfg || rm -f setup.cfg' EXIT
 [ -f setup.cfg ] && cp setup.cfg setup.cfg.bak
 cp setup.cfg.mutmut setup.cfg

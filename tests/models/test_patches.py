@@ -24,3 +24,10 @@ def test_patch_order_is_row_major_channel_last():
 def test_patchify_rejects_indivisible_size():
     with pytest.raises(ValueError, match="not divisible"):
         patchify(torch.zeros(1, 3, 30, 32), 8)
+
+
+def test_unpatchify_reads_rgb_by_default_and_names_a_grid_that_does_not_fit():
+    x = torch.randn(2, 3, 16, 24)
+    assert torch.equal(unpatchify(patchify(x, 8), 8, (2, 3)), x)  # in_chans defaults to RGB's 3
+    with pytest.raises(ValueError, match=r"^6 patches do not fill a 3x3 grid$"):
+        unpatchify(patchify(x, 8), 8, (3, 3))
