@@ -262,6 +262,11 @@ def collate_labeled(samples: list[dict]) -> dict:
     return _collate(samples, ("image", "label", "index"))
 
 
+def collate_images(samples: list[dict]) -> dict:
+    """Unlabeled samples -> {"image": [N, C, H, W], "index": [N], "bad": [(name, reason)]}."""
+    return _collate(samples, ("image", "index"))
+
+
 def normalize(
     images: torch.Tensor, mean: tuple[float, ...] | torch.Tensor, std: tuple[float, ...] | torch.Tensor
 ) -> torch.Tensor:

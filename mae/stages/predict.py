@@ -15,7 +15,7 @@ from mae.config import ConfigError, PredictConfig
 from mae.data.folder import FolderSource
 from mae.data.images import IMAGE_EXTENSIONS
 from mae.data.open import open_source
-from mae.data.transforms import decode_side, load_image
+from mae.data.transforms import collate_images, decode_side, load_image
 from mae.errors import CheckpointError
 from mae.stages.registry import StageResult, register_stage
 from mae.weights.classifier import Classifier, load_classifier
@@ -94,15 +94,6 @@ class _Images(torch.utils.data.Dataset):
         return bad if bad is not None else {"image": self.transform(img), "index": i}
 
 
-def _collate(samples: list[dict]) -> dict:
-    good = [s for s in samples if "bad" not in s]
-    return {
-        "image": torch.stack([s["image"] for s in good]) if good else None,
-        "index": [s["index"] for s in good],
-        "bad": [s["bad"] for s in samples if "bad" in s],
-    }
-
-
 @torch.no_grad()
 def predict_source(
     classifier: Classifier, source: Any, *, top_k: int = 5, batch_size: int = 64, num_workers: int = 0
@@ -114,7 +105,7 @@ def predict_source(
     model.to(device)
     k = min(top_k, len(classifier.classes))
     loader = torch.utils.data.DataLoader(
-        _Images(source, classifier), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate
+        _Images(source, classifier), batch_size=batch_size, num_workers=num_workers, collate_fn=collate_images
     )
     rows = []
     for batch in loader:
@@ -124,7 +115,7 @@ def predict_source(
             continue
         probs = model(batch["image"].to(device)).float().softmax(1).cpu()
         top = probs.topk(k, dim=1)
-        for i, values, labels in zip(batch["index"], top.values.tolist(), top.indices.tolist(), strict=True):
+        for i, values, labels in zip(batch["index"].tolist(), top.values.tolist(), top.indices.tolist(), strict=True):
             ranked = [(classifier.classes[c], p) for c, p in zip(labels, values, strict=True)]
             rows.append({"file": source.name(i), "class": ranked[0][0], "probability": ranked[0][1], "top_k": ranked})
     if not rows:
