@@ -95,13 +95,17 @@ def decoder_beside(weights: str | os.PathLike) -> Path:
     return p.with_name(f"{p.name.removesuffix('.safetensors')}.decoder.safetensors")
 
 
-def last_evaluation(output_dir: str | os.PathLike) -> dict[str, Any]:
-    """The last evaluation line of a run's metrics.jsonl, without its step and epoch ({} when there is none)."""
+def read_metrics(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every line of a run's metrics.jsonl ([] when it has none)."""
     import json
 
     path = Path(output_dir) / METRICS
-    lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.is_file() else []
-    last = next((m for m in reversed(lines) if "eval" in m), {})
+    return [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.is_file() else []
+
+
+def last_evaluation(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """The last evaluation line of a run's metrics.jsonl, without its step and epoch ({} when there is none)."""
+    last = next((m for m in reversed(read_metrics(output_dir)) if "eval" in m), {})
     return {k: v for k, v in last.items() if k not in ("step", "epoch")}
 
 

@@ -3,7 +3,6 @@ RandAugment, mixup/cutmix, label smoothing), optionally with its first blocks fr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from mae.data.labeled import LabeledSamples
 from mae.data.transforms import collate_labeled, crop_decode_side, train_transform
 from mae.models.classifier import build_classifier, freeze_first_blocks
 from mae.models.encoder import encoder_adapter
-from mae.run_folder import METRICS
+from mae.run_folder import read_metrics
 from mae.stages.downstream import (
     Downstream,
     labeled_eval_loader,
@@ -180,8 +179,7 @@ def _compare_with_probe(setup: Downstream, output_dir: Path, final: dict) -> Non
     """Say so when fine-tuning ended below the probe it started from (its line in metrics.jsonl, also on resume)."""
     if not setup.accelerator.is_main_process:
         return
-    lines = [json.loads(s) for s in (output_dir / METRICS).read_text().splitlines()]
-    start = next((m for m in lines if m.get("eval") == "probe_init"), None)
+    start = next((m for m in read_metrics(output_dir) if m.get("eval") == "probe_init"), None)
     if start and final.get("top1", 100.0) < start["top1"]:
         warn(
             setup.accelerator,

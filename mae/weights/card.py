@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from mae.models.encoder import encoder_adapter
-from mae.run_folder import METRICS, run_config
+from mae.run_folder import METRICS, read_metrics, run_config
 from mae.weights.files import read_metadata
 
 
@@ -135,7 +135,7 @@ def _evaluations(config: dict[str, Any] | None, run_dir: str | os.PathLike | Non
         if folder is None or not (Path(folder) / METRICS).is_file():
             continue
         kind = _stage_of(run_config(folder) or (config if folder == run_dir else None))
-        for name, top1 in _last_top1(Path(folder) / METRICS, kind).items():
+        for name, top1 in _last_top1(folder, kind).items():
             rows.append(f"| {name} | {top1:.2f} | {folder} |")
     if not rows:
         return ["None recorded with these weights."]
@@ -147,11 +147,10 @@ def _stage_of(config: dict[str, Any] | None) -> str:
     return "fine-tune" if "aug" in c else "linear probe" if "mode" in c else "k-NN" if "k" in c else "pretraining"
 
 
-def _last_top1(metrics: Path, kind: str) -> dict[str, float]:
-    """The last top-1 of each evaluation in a metrics.jsonl: the stage's own, and the k-NN monitor's."""
+def _last_top1(run_dir: str | Path, kind: str) -> dict[str, float]:
+    """The last top-1 of each evaluation in a run's metrics.jsonl: the stage's own, and the k-NN monitor's."""
     found: dict[str, float] = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
+    for record in read_metrics(run_dir):
         if "top1" in record and "eval" in record:
             found[kind] = record["top1"]
         if "knn_top1" in record:
