@@ -1,5 +1,7 @@
 """The Python API: the stages as functions, in one process, validated as the command line validates them."""
 
+import json
+
 import pytest
 import torch
 from accelerate.state import AcceleratorState
@@ -93,3 +95,18 @@ def test_data_may_be_a_datasets_dataset_object(tmp_path):
     assert "path: datasets-object:" in saved  # what config.yaml can say of an object: its fingerprint
     with pytest.raises(mae.DataError, match="lives only in the process that handed it"):
         mae.pretrain(data={"path": "datasets-object:unknown"}, output_dir=tmp_path / "x")
+
+
+def test_min_steps_grows_the_epochs_and_head_init_random_skips_the_probe(tmp_path):
+    labeled = make_labeled(tmp_path / "labeled", per_class=4)  # 12 images: 10 train, batch 5: 2 steps an epoch
+    enc = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+    common = {"pretrained": enc, "data": {"path": labeled, "num_workers": 0}, "aug": {"mixup": 0, "cutmix": 0},
+              "optim": {"warmup_epochs": 0}}  # fmt: skip
+    ft = mae.finetune(loop={"epochs": 1, "batch_size": 5, "min_steps": 5, "progress": False}, output_dir=tmp_path / "a",
+                      model={"head_init": "random"}, **common)  # fmt: skip
+    lines = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert max(m["step"] for m in lines) == 6 and ft.metrics["eval"] == "val"  # ceil(5 / 2) = 3 epochs of 2 steps
+    assert not [m for m in lines if m.get("eval") == "probe_init"]  # the paper's head: no starting probe
+    mae.finetune(loop={"epochs": 1, "batch_size": 5, "progress": False}, output_dir=tmp_path / "b", **common)
+    lines = [json.loads(s) for s in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["eval"] == "probe_init" and max(m["step"] for m in lines) == 2  # min_steps 0: epochs alone

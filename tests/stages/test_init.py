@@ -187,3 +187,12 @@ def test_sigkill_in_an_init_run_then_rerun_is_bit_identical(tmp_path, images):
     torch.save({"model": official_state(decoder=True, seed=1)}, tmp_path / "init.pth")  # other weights: refused
     changed = child(tmp_path / "killed")
     assert changed.returncode == 2 and "was trained with a different config (init_sha256: " in changed.stderr
+
+
+def test_a_given_init_sha256_must_match_the_file(tmp_path, images, capsys):
+    torch.save({"model": official_state(decoder=True)}, tmp_path / "init.pth")
+    code = cli("pretrain", "--init", tmp_path / "init.pth", *HEAD_COUNTS, *STEP, "--data.path", images,
+               "--init_sha256", "0" * 64, "--output_dir", tmp_path / "run")  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"mae pretrain: error: --init_sha256 {'0' * 64}: ")
+    assert "the weights changed since the run started" in err[0]
