@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from mae.models import create_mae
-from mae.models.pos_embed import sincos_2d
+from mae.models.pos_embed import sincos_1d, sincos_2d
 
 
 def _official_table(embed_dim, grid_size):
-    """The official NumPy code (models/pos_embed.py of facebookresearch/mae), square grids."""
+    """The official NumPy code (models/pos_embed.py of facebookresearch/mae); an int is a square grid, as there,
+    an (h, w) pair the same code with the two sizes apart."""
+    gh, gw = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
 
     def one_d(dim, pos):
         omega = np.arange(dim // 2, dtype=np.float64) / (dim / 2.0)
@@ -17,9 +19,9 @@ def _official_table(embed_dim, grid_size):
         out = np.einsum("m,d->md", pos.reshape(-1), omega)
         return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
-    grid_h = np.arange(grid_size, dtype=np.float32)
-    grid_w = np.arange(grid_size, dtype=np.float32)
-    grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape([2, 1, grid_size, grid_size])
+    grid_h = np.arange(gh, dtype=np.float32)
+    grid_w = np.arange(gw, dtype=np.float32)
+    grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape([2, 1, gh, gw])
     emb = np.concatenate([one_d(embed_dim // 2, grid[0]), one_d(embed_dim // 2, grid[1])], axis=1)
     return np.concatenate([np.zeros([1, embed_dim]), emb], axis=0)
 
@@ -29,6 +31,21 @@ def test_table_matches_official(dim, grid):
     ours = sincos_2d(dim, (grid, grid), cls_token=True)
     ref = torch.from_numpy(_official_table(dim, grid)).float()
     assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("dim,grid", [(32, (2, 5)), (192, (7, 3))])
+def test_non_square_table_is_the_official_code_with_both_sizes(dim, grid):
+    assert torch.equal(sincos_2d(dim, grid, cls_token=True), torch.from_numpy(_official_table(dim, grid)).float())
+    without = sincos_2d(dim, grid)
+    assert without.dtype == torch.float32 and torch.equal(without, sincos_2d(dim, grid, cls_token=True)[1:])
+
+
+def test_widths_that_cannot_hold_the_table_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"^a sine-cosine embedding needs an even width, got 7$"):
+        sincos_1d(7, torch.arange(3))
+    with pytest.raises(ValueError, match=r"^a 2-D sine-cosine embedding needs a width divisible by 4, got 18$"):
+        sincos_2d(18, (2, 2))
+    assert sincos_1d(6, torch.arange(3)).shape == (3, 6)
 
 
 def test_non_square_table_encodes_column_then_row():
