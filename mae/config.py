@@ -193,7 +193,8 @@ class LoopConfig:
     eval_every: int = ranged(20, ge=0)
     """Epochs between evaluations (pretraining: reconstruction previews); one always runs at the end; 0 = only then."""
     min_steps: int = ranged(0, ge=0)
-    """Train at least this many optimizer steps: --loop.epochs grows on small data sets (0 = epochs alone)."""
+    """Train at least this many optimizer steps: --loop.epochs grows on small data sets, the warm-up keeping its share
+    of the run (0 = epochs alone)."""
     max_nonfinite_steps: int = ranged(20, ge=1)
     """Consecutive non-finite losses that stop the run."""
     log_with: str = "auto"

@@ -8,6 +8,7 @@ from accelerate.state import AcceleratorState
 from PIL import Image
 
 import mae
+from mae.train.optim import Schedule
 from tests.conftest import make_images, make_labeled
 
 
@@ -95,6 +96,22 @@ def test_data_may_be_a_datasets_dataset_object(tmp_path):
     assert "path: datasets-object:" in saved  # what config.yaml can say of an object: its fingerprint
     with pytest.raises(mae.DataError, match="lives only in the process that handed it"):
         mae.pretrain(data={"path": "datasets-object:unknown"}, output_dir=tmp_path / "x")
+
+
+def test_min_steps_keeps_the_warm_up_its_share_of_the_run(tmp_path):
+    """warmup_epochs 1 of epochs 2 is half the run; min_steps 8 at 2 steps an epoch grows it to 4 epochs, and the
+    warm-up to 4 of its 8 steps (not 2)."""
+    labeled = make_labeled(tmp_path / "labeled", per_class=4)  # 10 train images, batch 5: 2 steps an epoch
+    enc = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+    mae.finetune(pretrained=enc, data={"path": labeled, "num_workers": 0}, aug={"mixup": 0, "cutmix": 0},
+                 optim={"warmup_epochs": 1, "lr": 1e-3, "min_lr": 0}, model={"head_init": "random"},
+                 loop={"epochs": 2, "batch_size": 5, "min_steps": 8, "log_every": 1, "progress": False},
+                 output_dir=tmp_path / "ft")  # fmt: skip
+    logged = [
+        m["lr"] for m in map(json.loads, (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()) if "lr" in m
+    ]
+    expected = Schedule(base_lr=1e-3, min_lr=0, warmup_steps=4, total_steps=8)
+    assert logged == pytest.approx([expected.lr(step) for step in range(8)])
 
 
 def test_min_steps_grows_the_epochs_and_head_init_random_skips_the_probe(tmp_path):

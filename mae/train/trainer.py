@@ -52,11 +52,13 @@ def train(
     the_task = task(model, val)
     steps_per_epoch = math.ceil(len(loader) / cfg.loop.accum_steps)
     epochs = max(cfg.loop.epochs, math.ceil(cfg.loop.min_steps / steps_per_epoch))  # the step budget's epochs
+    # The warm-up is a share of the run (warmup_epochs of loop.epochs): a run that min_steps grows warms up longer.
+    warmup_share = cfg.optim.warmup_epochs / cfg.loop.epochs
     schedule = Schedule(
         base_lr=lr,
         min_lr=cfg.optim.min_lr,
         total_steps=epochs * steps_per_epoch,
-        warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
+        warmup_steps=round(warmup_share * epochs * steps_per_epoch),
     )
     check_disk_space(Path(cfg.output_dir), plain_model(accelerator, model), opt, cfg.loop.keep_checkpoints)
     config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
@@ -112,7 +114,10 @@ def _announce(cfg: Any, accelerator: Accelerator, schedule: Schedule, steps_per_
     )
     epochs = schedule.total_steps // max(1, steps_per_epoch)
     if epochs > cfg.loop.epochs:
-        accelerator.print(f"--loop.min_steps {cfg.loop.min_steps}: {epochs} epochs of {steps_per_epoch} steps")
+        accelerator.print(
+            f"--loop.min_steps {cfg.loop.min_steps}: {epochs} epochs of {steps_per_epoch} steps, warm-up "
+            f"{schedule.warmup_steps} steps (the share of the run that --optim.warmup_epochs is of --loop.epochs)"
+        )
     if cfg.optim.warmup_epochs >= epochs:
         warn(
             accelerator,
