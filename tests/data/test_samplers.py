@@ -84,3 +84,10 @@ def test_sharded_orders_read_shard_by_shard_window_by_window(seed):
         shard_of = np.searchsorted(ends, order(s, epoch), side="right")
         firsts.add(frozenset(shard_of[:24].tolist()))
     assert len(firsts) > 1
+
+
+def test_a_new_sampler_draws_epoch_0():
+    fresh, reset = EpochSampler(9, seed=2), EpochSampler(9, seed=2)
+    reset.set_epoch(5)
+    reset.set_epoch(0)
+    assert list(fresh) == list(reset) and {e for e, _ in fresh} == {0}

@@ -201,9 +201,9 @@ def test_a_block_as_tall_or_wide_as_the_grid_is_never_laid_and_tries_stop_at_10_
     spy = []
     real_randperm = torch.randperm
     monkeypatch.setattr(torch, "randperm", lambda *a, **k: spy.append(a) or real_randperm(*a, **k))
-    chosen, script = blocks(monkeypatch, grid, 3, area=4, aspect=aspect)
+    chosen, script = blocks(monkeypatch, grid, 4, area=4, aspect=aspect)  # a 2x2 square would fill the count
     assert len(script.calls) == 2 * 10 * grid[0] * grid[1]  # every try drew a 2x2 square that cannot fit
-    assert int(chosen.sum()) == 3 and len(spy) == 1  # the rest is drawn uniformly, once
+    assert int(chosen.sum()) == 4 and len(spy) == 1  # the rest is drawn uniformly, once
 
 
 def test_no_uniform_fallback_once_blocks_reached_the_count(monkeypatch):
@@ -255,3 +255,14 @@ def test_the_registry_hands_out_the_registered_functions_and_names_the_choices()
     choices = "block, grid, inverse_block, random"
     with pytest.raises(ValueError, match=rf"^unknown masking 'nope'; choose one of: {choices}$"):
         mask_generator("nope")
+
+
+def test_a_mask_registered_by_a_plugin_is_handed_out_by_its_name(monkeypatch):
+    monkeypatch.setattr(masking, "_MASKS", dict(masking._MASKS))  # the registry as it was, after the test
+
+    @masking.register_mask("first_row")
+    def first_row(grid, num_keep, generator):
+        return torch.arange(grid[0] * grid[1], dtype=torch.float32)
+
+    assert mask_generator("first_row") is first_row and "first_row" in list_masks()
+    assert kept("first_row", (4, 4))[0].all() and int(kept("first_row", (4, 4)).sum()) == 4
