@@ -12,7 +12,7 @@ def sincos_1d(embed_dim: int, pos: torch.Tensor) -> torch.Tensor:
     # float64 as the reference (NumPy) does, so the table matches it bit for bit once cast.
     omega = torch.arange(embed_dim // 2, dtype=torch.float64) / (embed_dim / 2.0)
     omega = 1.0 / 10000**omega
-    out = pos.to(torch.float64).reshape(-1, 1) * omega.reshape(1, -1)
+    out = torch.outer(pos.reshape(-1).to(torch.float64), omega)  # the reference's einsum("m,d->md")
     return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
 
 
@@ -29,5 +29,5 @@ def sincos_2d(embed_dim: int, grid_size: tuple[int, int], cls_token: bool = Fals
     rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
     emb = torch.cat([sincos_1d(embed_dim // 2, cols), sincos_1d(embed_dim // 2, rows)], dim=1)
     if cls_token:
-        emb = torch.cat([torch.zeros(1, embed_dim, dtype=emb.dtype), emb], dim=0)
+        emb = torch.cat([emb.new_zeros(1, embed_dim), emb], dim=0)
     return emb.float()
