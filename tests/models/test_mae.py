@@ -66,6 +66,20 @@ def test_loss_matches_formula(model):
         torch.testing.assert_close(model.forward_loss(imgs, out.pred, out.mask), expected)
 
 
+def test_normalised_target_adds_its_epsilon_to_the_variance(model):
+    # Flat patches (a blank background) have variance 0: the reference's 1e-6 added to it keeps their target 0,
+    # not NaN; on patches of variance 1e-6 the epsilon halves the normalised values' square (where randn data
+    # cannot tell the sign of the epsilon from rounding).
+    model.norm_pix_loss = True
+    flat = torch.full((1, 3, 32, 32), 0.25)
+    assert torch.equal(model.forward_target(flat), torch.zeros(1, model.num_patches, 8 * 8 * 3))
+    faint = 0.5 + 1e-3 * torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    t = model.patchify(faint)
+    var = t.var(-1, keepdim=True)
+    torch.testing.assert_close(model.forward_target(faint), (t - t.mean(-1, keepdim=True)) / (var + 1e-6).sqrt())
+    assert model.forward_target(faint).pow(2).mean() < 0.6  # about 1/2; without the epsilon it would be about 1
+
+
 def test_same_seed_same_loss_and_noise_determines_mask():
     imgs = torch.randn(2, 3, 32, 32)
     torch.manual_seed(1)
