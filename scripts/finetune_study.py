@@ -83,15 +83,20 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
             )  # fmt: skip
             r[run.name] = round(last_eval(run)["top1"], 2)
         start = [json.loads(x) for x in (out / f"{key}_finetune" / "metrics.jsonl").read_text().splitlines()]
-        r[f"{key}_finetune_start"] = round(next(m["top1"] for m in start if m.get("eval") == "probe_init"), 2)
+        lp = [m["top1"] for m in start if m.get("eval") == "probe_init"]  # none with the paper's fresh head
+        r[f"{key}_finetune_start"] = round(lp[0], 2) if lp else None
     return r
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def table(results: list[dict], sets: list[str], machine: str) -> str:
     lines = [
         f"Test top-1 (%), last evaluation; {machine}. Probe: recipes/fashion_mnist/linprobe.yaml; fine-tune:",
-        "recipes/fashion_mnist/finetune.yaml (LP-FT: its head starts from a probe on the frozen features, whose",
-        "top-1 is the 'start' column); both from the same encoder.",
+        "recipes/fashion_mnist/finetune.yaml; both from the same encoder. 'Start': the top-1 of the linear probe an",
+        "LP-FT head starts from (--model.head_init probe), '-' for the recipe's fresh head.",
         "",
         "| data | seed | linear probe | fine-tune | fine-tune - probe | fine-tune start (LP) | fine-tune minutes |",
         "|---|---|---|---|---|---|---|",
@@ -101,7 +106,7 @@ def table(results: list[dict], sets: list[str], machine: str) -> str:
             probe, ft = r[f"{key}_linprobe"], r[f"{key}_finetune"]
             minutes = r["seconds"][f"{key}_finetune"] / 60
             lines.append(f"| {NAMES[key]} | {r['seed']} | {probe:.2f} | {ft:.2f} | {ft - probe:+.2f} | "
-                         f"{r[f'{key}_finetune_start']:.2f} | {minutes:.1f} |")  # fmt: skip
+                         f"{_pct(r[f'{key}_finetune_start'])} | {minutes:.1f} |")  # fmt: skip
     met = all(r[f"{k}_finetune"] >= r[f"{k}_linprobe"] + 1 for r in results for k in sets)
     in_budget = all(r["seconds"][f"{k}_finetune"] / 60 <= FINETUNE_BUDGET_MIN for r in results for k in sets)
     lines += ["", f"Fine-tune >= probe + 1 everywhere: {'yes' if met else 'no'}; every fine-tune within "
