@@ -37,32 +37,33 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "pretrain" / "continu
 THIRD = ["--loop.epochs", "5", "--optim.warmup_epochs", "1"]  # a third of the recipe's 14 epochs (36%)
 PAIRS = (("fashion_mnist", "mnist"), ("mnist", "fashion_mnist"))
 NAMES = {"fashion_mnist": "Fashion-MNIST", "mnist": "MNIST"}
-# --select: the continue recipe's candidates, each against the from-scratch recipe's lr (blr 1.5e-3); no dots in
-# the names (the logs are NAME.log and NAME.seconds)
+# --select: the continue recipe's candidates, each against the from-scratch recipe's lr (blr 1.5e-3)
 CANDIDATES = {
-    "blr15e-4_wu1": ["--optim.blr", "1.5e-3", "--optim.warmup_epochs", "1"],
+    "blr1.5e-3_wu1": ["--optim.blr", "1.5e-3", "--optim.warmup_epochs", "1"],
     "blr5e-4_wu1": ["--optim.blr", "5e-4", "--optim.warmup_epochs", "1"],
-    "blr15e-5_wu1": ["--optim.blr", "1.5e-4", "--optim.warmup_epochs", "1"],
+    "blr1.5e-4_wu1": ["--optim.blr", "1.5e-4", "--optim.warmup_epochs", "1"],
     "blr5e-4_wu0": ["--optim.blr", "5e-4", "--optim.warmup_epochs", "0"],
-    "blr5e-4_wu1_mask60": ["--optim.blr", "5e-4", "--optim.warmup_epochs", "1", "--model.mask_ratio", "0.6"],
+    "blr5e-4_wu1_mask0.6": ["--optim.blr", "5e-4", "--optim.warmup_epochs", "1", "--model.mask_ratio", "0.6"],
 }
 
 
+def stage(name: str, run: Path, *options: str) -> float:
+    """`mae NAME` into the folder `run`, logged to RUN.log (appended, not with_suffix: run names may hold dots)."""
+    return mae_stage(name, run.parent / f"{run.name}.log", "--output_dir", str(run), *options)
+
+
 def pretrain(run: Path, data: Path, seed: int, *options: str) -> float:
-    common = ["--seed", str(seed), "--loop.progress", "false"]
-    return mae_stage("pretrain", run.with_suffix(".log"), "--data.path", str(data), "--output_dir", str(run),
-                     *common, *options)  # fmt: skip
+    return stage("pretrain", run, "--data.path", str(data), "--seed", str(seed), "--loop.progress", "false", *options)
 
 
 def scores(encoder: Path, train: Path, test: Path, out: Path, seed: int) -> dict:
     """Linear probe and k-NN top-1 (%) of `encoder` on (train, test), the last evaluation of each; runs in `out`."""
     r = {}
-    for stage in ("linprobe", "knn"):
-        run = out / f"{encoder.name}_{stage}"
-        mae_stage(stage, run.with_suffix(".log"), "--pretrained", str(encoder), "--data.path", str(train),
-                  "--data.val_path", str(test), "--output_dir", str(run), "--seed", str(seed),
-                  "--loop.progress", "false")  # fmt: skip
-        r[stage] = round(last_eval(run)["top1"], 2)
+    for name in ("linprobe", "knn"):
+        run = out / f"{encoder.name}_{name}"
+        stage(name, run, "--pretrained", str(encoder), "--data.path", str(train), "--data.val_path", str(test),
+              "--seed", str(seed), "--loop.progress", "false")  # fmt: skip
+        r[name] = round(last_eval(run)["top1"], 2)
     return r
 
 
