@@ -61,3 +61,28 @@ def test_prepare_missing_files(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "lacks the IDX files" in proc.stderr
+
+
+def test_anomaly_study_chooses_on_held_out_training_images_only():
+    """scripts/anomaly_study.py: val is a seeded tenth of the normal class's training images, held out of the fit,
+    beside 9 times as many of the other classes' training images; each model's aggregate is the best on val."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import anomaly_study
+
+    labels = np.arange(1000) % 10
+    images = np.arange(1000)[:, None, None] * np.ones((1, 2, 2), np.int64)  # image i holds the value i
+    fit, val, anomalous = anomaly_study.split(images, labels, 3, seed=0)
+    fit_ids, val_ids = fit[:, 0, 0], val[:, 0, 0]
+    assert len(fit_ids) == 90 and (labels[fit_ids] == 3).all()
+    assert anomalous.sum() == 90 and (~anomalous).sum() == 10
+    assert (labels[val_ids[~anomalous]] == 3).all() and (labels[val_ids[anomalous]] != 3).all()
+    assert not set(fit_ids) & set(val_ids) and len(set(val_ids)) == 100
+    again = anomaly_study.split(images, labels, 3, seed=0)[1][:, 0, 0]
+    other_seed = anomaly_study.split(images, labels, 3, seed=1)[1][:, 0, 0]
+    assert (again == val_ids).all() and set(other_seed) != set(val_ids)
+
+    val_auroc = {"mae recon mean": 0.7, "mae recon top5%": 0.9, "mae knn features": 0.8,
+                 "random-init recon max": 0.6, "random-init recon mean": 0.65, "pca error": 0.75}  # fmt: skip
+    chosen = anomaly_study.choose({"val": {"mean over seeds": val_auroc}})
+    assert chosen == {"mae recon": "mae recon top5%", "mae knn features": "mae knn features",
+                      "random-init recon": "random-init recon mean", "pca error": "pca error"}  # fmt: skip
