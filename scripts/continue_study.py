@@ -88,15 +88,15 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
     for source, target in PAIRS:
         pair = f"{source}_to_{target}"
         train, test = data[target] / "train", data[target] / "test"
-        runs = {"source_only": out / f"pretrain_{source}", "scratch_full": out / f"pretrain_{target}"}
-        for budget in BUDGETS:
+        source_only = out / f"pretrain_{source}"
+        runs = {"source_only": source_only, "scratch_full": out / f"pretrain_{target}"}
+        for budget in BUDGETS:  # each budget scored before the next is pretrained: a stopped study has rows
             runs[f"scratch_{budget}"] = out / f"pretrain_{target}_{budget}"
             runs[f"continue_{budget}"] = out / f"continue_{pair}_{budget}"
-            options = {"scratch": scratch(budget), "continue": continued(budget, runs["source_only"])}
-            for kind, opts in options.items():
+            for kind, opts in (("scratch", scratch(budget)), ("continue", continued(budget, source_only))):
                 run = runs[f"{kind}_{budget}"]
                 r["seconds"][run.name] = pretrain(run, train, seed, *opts)
-        r[pair] = {k: scores(run, train, test, out / f"eval_{target}", seed) for k, run in runs.items()}
+            r[pair] = {k: scores(run, train, test, out / f"eval_{target}", seed) for k, run in runs.items()}
     return r
 
 
