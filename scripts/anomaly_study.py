@@ -106,7 +106,8 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m} for class c as normal."""
     (train_x, train_y), (test_x, test_y) = data["train"], data["test"]
     fit, val_x, val_anomalous = split(train_x, train_y, c, seed)
-    queries = {"val": (val_x, val_anomalous), "test": (test_x, test_y != c)}
+    query = np.concatenate([val_x, test_x])  # scored in one pass: the fit's features and PCA computed once
+    parts = {"val": (slice(0, len(val_x)), val_anomalous), "test": (slice(len(val_x), None), test_y != c)}
     run = args.output / f"class{c}_seed{seed}"
     folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{seed}")
     if not (run / "encoder.safetensors").exists():
@@ -117,13 +118,14 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     minutes = float((run / "pretrain_minutes").read_text())
     stats = run_config(run)["data"]
     model = load_with_decoder(run)
-    result: dict = {"val": {}, "test": {}, "pretrain minutes": minutes}
-    for part, (x, anomalous) in queries.items():
-        for name, m in (("mae", model), ("random-init", random_like(run, seed))):
-            scores = model_scores(m, as_input(fit, stats["mean"], stats["std"]),
-                                  as_input(x, stats["mean"], stats["std"]), seed)  # fmt: skip
-            result[part].update({f"{name} {k}": auroc(v.numpy(), anomalous) for k, v in scores.items()})
-        result[part].update({k: auroc(v.numpy(), anomalous) for k, v in baselines(fit, x).items()})
+    bank_x, query_x = as_input(fit, stats["mean"], stats["std"]), as_input(query, stats["mean"], stats["std"])
+    scores = {}
+    for name, m in (("mae", model), ("random-init", random_like(run, seed))):
+        scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed).items()})
+    scores.update(baselines(fit, query))
+    result: dict = {"pretrain minutes": minutes}
+    for part, (rows, anomalous) in parts.items():
+        result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
           + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()), flush=True)  # fmt: skip
     return result
