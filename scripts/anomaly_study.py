@@ -103,12 +103,15 @@ def split(train_x: np.ndarray, train_y: np.ndarray, c: int, seed: int) -> tuple[
 
 
 def one_class(args, c: int, seed: int, data: dict) -> dict:
-    """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m} for class c as normal."""
+    """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m} for class c as normal; kept in
+    the run's `study_scores.json`, so a stopped study resumes at the class it was in (delete it to score anew)."""
+    run = args.output / f"class{c}_seed{seed}"
+    if (run / "study_scores.json").exists():
+        return json.loads((run / "study_scores.json").read_text())
     (train_x, train_y), (test_x, test_y) = data["train"], data["test"]
     fit, val_x, val_anomalous = split(train_x, train_y, c, seed)
     query = np.concatenate([val_x, test_x])  # scored in one pass: the fit's features and PCA computed once
     parts = {"val": (slice(0, len(val_x)), val_anomalous), "test": (slice(len(val_x), None), test_y != c)}
-    run = args.output / f"class{c}_seed{seed}"
     folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{seed}")
     if not (run / "encoder.safetensors").exists():
         t = time.time()
@@ -128,6 +131,7 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
           + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()), flush=True)  # fmt: skip
+    (run / "study_scores.json").write_text(json.dumps(result, indent=1))
     return result
 
 
