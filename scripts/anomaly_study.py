@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,7 +132,9 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
           + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()), flush=True)  # fmt: skip
-    (run / "study_scores.json").write_text(json.dumps(result, indent=1))
+    tmp = run / "study_scores.json.tmp"  # written whole or not at all: a kill here never leaves half a file
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, run / "study_scores.json")
     return result
 
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fashion_mnist_study import last_eval, mae_stage  # noqa: E402
+from fashion_mnist_study import last_eval, mae_stage, seconds_file  # noqa: E402
 from finetune_study import cpu  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "pretrain" / "continue.yaml"
@@ -50,9 +50,14 @@ CANDIDATES = {  # the lr first; warm-up, mask ratio and a higher lr then at the 
 }
 
 
+def log_of(run: Path) -> Path:
+    """RUN.log beside the run (appended, not with_suffix: run names may hold dots)."""
+    return run.parent / f"{run.name}.log"
+
+
 def stage(name: str, run: Path, *options: str) -> float:
-    """`mae NAME` into the folder `run`, logged to RUN.log (appended, not with_suffix: run names may hold dots)."""
-    return mae_stage(name, run.parent / f"{run.name}.log", "--output_dir", str(run), *options)
+    """`mae NAME` into the folder `run`, logged to RUN.log."""
+    return mae_stage(name, log_of(run), "--output_dir", str(run), *options)
 
 
 def pretrain(run: Path, data: Path, seed: int, *options: str) -> float:
@@ -80,7 +85,7 @@ def continued(budget: str, source: Path) -> list[str]:
 
 
 def finished(run: Path) -> bool:
-    return (run.parent / f"{run.name}.seconds").exists()
+    return seconds_file(log_of(run)).exists()
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict:

@@ -42,10 +42,15 @@ import mae
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "fashion_mnist"
 
 
+def seconds_file(log: Path) -> Path:
+    """Where `sh` keeps a finished stage's wall-clock seconds: its presence means the stage is done."""
+    return log.with_suffix(".seconds")
+
+
 def sh(cmd: list[str], log: Path) -> float:
     """Run a command, its output to `log`; returns the wall-clock seconds; stops the study on failure.
     A stage that already finished (its `.seconds` file beside the log) is not run again."""
-    done = log.with_suffix(".seconds")
+    done = seconds_file(log)
     if done.exists():
         return float(done.read_text())
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -86,3 +86,59 @@ def test_anomaly_study_chooses_on_held_out_training_images_only():
     chosen = anomaly_study.choose({"val": {"mean over seeds": val_auroc}})
     assert chosen == {"mae recon": "mae recon top5%", "mae knn features": "mae knn features",
                       "random-init recon": "random-init recon mean", "pca error": "pca error"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("budgets", "finished", "pretrained", "reported"),
+    [
+        (["1ep", "third"], [], ["1ep", "third"], ["1ep", "third"]),  # the default: every budget
+        (["1ep"], [], ["1ep"], ["1ep"]),  # the third not asked for and not there: neither run nor reported
+        (["1ep"], ["third"], ["1ep", "third"], ["1ep", "third"]),  # not asked for but finished: reported
+        (["third"], [], ["third"], ["third"]),
+    ],
+)
+def test_continue_study_budgets(tmp_path, monkeypatch, budgets, finished, pretrained, reported):
+    """scripts/continue_study.py --budgets: only the budgets asked for are pretrained; another one is reported
+    (without running anything new) once both its runs have finished; the table marks what is missing."""
+    import argparse
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import continue_study
+
+    ran: list[str] = []
+
+    def pretrain(run, data, seed, *options):
+        if not continue_study.finished(run):
+            ran.append(run.name)
+        return 60.0
+
+    monkeypatch.setattr(continue_study, "pretrain", pretrain)
+    probe = {"linprobe": 90.0, "knn": 80.0}  # continued runs 4 probe points above the rest: the goal is met
+    monkeypatch.setattr(continue_study, "scores", lambda run, *a: {**probe, "linprobe": 94.0}
+                        if run.name.startswith("continue_") else probe)  # fmt: skip
+    out = tmp_path / "seed0"
+    out.mkdir()
+    for budget in finished:
+        for source, target in continue_study.PAIRS:
+            for run in (f"pretrain_{target}_{budget}", f"continue_{source}_to_{target}_{budget}"):
+                continue_study.seconds_file(continue_study.log_of(out / run)).write_text("60")
+    args = argparse.Namespace(out=str(tmp_path), fashion_mnist="fm", mnist="mn", budgets=budgets)
+    result = continue_study.run_seed(args, 0)
+
+    pairs = continue_study.PAIRS
+    fresh = [f"{name}_{b}" for b in pretrained if b not in finished
+             for s, t in pairs for name in (f"pretrain_{t}", f"continue_{s}_to_{t}")]  # fmt: skip
+    assert sorted(ran) == sorted(["pretrain_fashion_mnist", "pretrain_mnist", *fresh])
+    for s, t in continue_study.PAIRS:
+        assert {k for k in result[f"{s}_to_{t}"] if k.startswith("continue_")} == {f"continue_{b}" for b in reported}
+
+    other = {**result, "seed": 1}
+    other["fashion_mnist_to_mnist"] = {k: v for k, v in result["fashion_mnist_to_mnist"].items() if "_1ep" not in k}
+    table = continue_study.table([result, other], "cpu")
+    header = next(line for line in table.splitlines() if line.startswith("| source"))
+    assert header.count("continued, ") == len(reported)
+    rows = [line for line in table.splitlines() if line.startswith("| Fashion-MNIST") or line.startswith("| MNIST")]
+    assert len(rows) == 4 and all(line.count("|") == header.count("|") for line in rows)
+    assert ("- |" in rows[1]) == ("1ep" in reported)  # seed 1 has no one-epoch runs for this pair
+    goal = {"1ep": "at 1 epoch, in all 3 rows measured: yes.", "third": "at a third, in all 4 rows measured: yes."}
+    assert [b for b in goal if goal[b] in table] == reported
