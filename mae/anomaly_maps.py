@@ -11,8 +11,9 @@ over its predictions and over channels, is the map; an aggregate of the map is t
     model = mae.load_pretrained("runs/pretrain")            # with its decoder (`load_with_decoder` checks)
     maps, scores = anomaly_maps(model, images, masks=4, seed=0)   # images normalised as in training
 
-Beside it, a feature-distance score (`knn_distance`): the cosine distance of an image's encoder features to
-its nearest training images, which sees semantic outliers that reconstruct well. `auroc` and
+Beside it, two feature-distance scores, which see semantic outliers that reconstruct well: `knn_distance`, the
+cosine distance of an image's encoder features to its nearest training images, and `gaussian_distance`, their
+Mahalanobis distance to a Gaussian fitted to the training images' features. `auroc` and
 `average_precision` judge either score against known anomalies (no scikit-learn: ranks and a cumulative sum).
 """
 
@@ -148,6 +149,20 @@ def knn_distance(bank: torch.Tensor, query: torch.Tensor, k: int = 5, chunk: int
         q = F.normalize(query[start : start + chunk].float(), dim=1)
         out.append(1 - (q @ bank.T).topk(k, dim=1).values.mean(1))
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def gaussian_distance(bank: torch.Tensor, query: torch.Tensor, shrinkage: float = 1e-3) -> torch.Tensor:
+    """[Q]: each query's squared Mahalanobis distance to a Gaussian fitted to `bank` [B, D] (the normal images'
+    features): mean and covariance of the bank, the covariance shrunk towards `shrinkage` x its mean variance on
+    the diagonal so that it inverts whatever B and D. Computed in float64."""
+    if not shrinkage > 0:
+        raise ValueError(f"shrinkage={shrinkage}: must be > 0")
+    bank, query = bank.double(), query.double()
+    mu = bank.mean(0)
+    cov = torch.cov(bank.T, correction=1 if len(bank) > 1 else 0).reshape(bank.shape[1], bank.shape[1])
+    cov = cov + shrinkage * max(float(cov.diagonal().mean()), 1e-12) * torch.eye(len(cov), dtype=cov.dtype)
+    centred = query - mu
+    return torch.linalg.solve(cov, centred.T).T.mul(centred).sum(1).float()
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:

@@ -668,9 +668,11 @@ class AnomalyConfig(PretrainedConfig, RunConfig):
 
     data: AnomalyDataConfig = field(default_factory=AnomalyDataConfig)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, batch_size=64, log_with="none"))
-    score: Literal["recon", "knn", "both"] = "recon"
+    score: Literal["recon", "knn", "gaussian", "both", "all"] = "recon"
     """recon: the MAE's reconstruction error (maps; local defects); knn: the encoder features' distance to the
-    nearest training images (semantic outliers, no maps); both: two columns (docs/anomaly.md: which when)."""
+    nearest training images; gaussian: their Mahalanobis distance to a Gaussian fitted to the training images'
+    features (knn and gaussian: semantic outliers, no maps); both: recon and knn; all: the three
+    (docs/anomaly.md: which when)."""
     masks: int = ranged(4, ge=2)
     """Complementary mask sets per image: each masks 1 - 1/K of the patches, every patch masked K - 1 times."""
     aggregate: Literal["topk_mean", "mean", "max"] = "topk_mean"
@@ -678,9 +680,11 @@ class AnomalyConfig(PretrainedConfig, RunConfig):
     top_percent: float = ranged(1.0, gt=0, le=100)
     """With --aggregate topk_mean: the share of the map's pixels (in percent) whose mean is the score."""
     train_path: str | None = None
-    """--score knn/both: the normal training images (any source); null = the run's own data.path."""
+    """--score knn/gaussian/both/all: the normal training images (any source); null = the run's own data.path."""
     k: int = ranged(5, ge=1)
-    """--score knn/both: the nearest training images whose mean cosine distance is the score."""
+    """--score knn/both/all: the nearest training images whose mean cosine distance is the score."""
+    shrinkage: float = ranged(1e-3, gt=0)
+    """--score gaussian/all: the Gaussian's covariance plus this times its mean variance on the diagonal."""
     normal: str | None = None
     """The class of --data.path that is normal (the others are anomalies); null = a class named normal or good."""
     save_maps: bool = True

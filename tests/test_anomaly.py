@@ -14,6 +14,7 @@ from mae.anomaly_maps import (
     auroc,
     average_precision,
     complementary_noise,
+    gaussian_distance,
     knn_distance,
     load_with_decoder,
     roc_curve,
@@ -123,6 +124,26 @@ def test_knn_distance():
     query = torch.tensor([[2.0, 0.0], [-1.0, 0.0]])
     torch.testing.assert_close(knn_distance(bank, query, k=1), torch.tensor([0.0, 1.0]))  # cosine: scale-free
     torch.testing.assert_close(knn_distance(bank, query, k=2), torch.tensor([0.5 - 0.5**0.5 / 2, 1 + 0.5**0.5 / 2]))
+
+
+def test_gaussian_distance():
+    """The squared Mahalanobis distance to the bank's mean under its (shrunk) covariance: against numpy's
+    inverse; a diagonal bank gives the per-axis z-scores squared; more shrinkage pulls towards Euclidean."""
+    rng = np.random.default_rng(0)
+    bank = rng.normal(size=(500, 4)) @ rng.normal(size=(4, 4)) + rng.normal(size=4)
+    query = rng.normal(size=(7, 4)) * 3
+    cov = np.cov(bank.T) + 0.1 * np.trace(np.cov(bank.T)) / 4 * np.eye(4)
+    d = query - bank.mean(0)
+    expected = np.einsum("qi,ij,qj->q", d, np.linalg.inv(cov), d)
+    got = gaussian_distance(torch.from_numpy(bank), torch.from_numpy(query), shrinkage=0.1)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5)
+    axes = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 10.0], [0.0, -10.0]])  # variance 2/3 and 200/3, uncorrelated
+    z = gaussian_distance(axes, torch.tensor([[2.0, 0.0], [0.0, 20.0]]), shrinkage=1e-9)
+    torch.testing.assert_close(z, torch.tensor([6.0, 6.0]))  # 2^2 / (2/3) = 20^2 / (200/3) = 6
+    near_euclidean = gaussian_distance(axes, torch.tensor([[2.0, 0.0], [0.0, 20.0]]), shrinkage=1e6)
+    assert near_euclidean[1] / near_euclidean[0] == pytest.approx(100, rel=1e-3)
+    with pytest.raises(ValueError, match="shrinkage=0: must be > 0"):
+        gaussian_distance(axes, axes, shrinkage=0)
 
 
 def test_an_encoder_only_file_is_refused(tmp_path):

@@ -24,6 +24,7 @@ from mae.anomaly_maps import (
     average_precision,
     encoder_features,
     error_maps,
+    gaussian_distance,
     knn_distance,
     load_with_decoder,
     roc_curve,
@@ -40,6 +41,10 @@ from mae.train.checkpoint import check_output_dir
 from mae.train.features import predict
 from mae.train.loaders import eval_loader, prepare_eval
 
+# The columns each --score writes, in order (the first is the one metrics.json's auroc/aupr and roc.png judge).
+SCORE_COLUMNS = {"recon": ("recon",), "knn": ("knn",), "gaussian": ("gaussian",), "both": ("recon", "knn"),
+                 "all": ("recon", "knn", "gaussian")}  # fmt: skip
+
 
 @register_stage("anomaly", AnomalyConfig, "Anomaly maps and scores: reconstruction error, or feature distance.")
 def run_anomaly(cfg: AnomalyConfig) -> StageResult:
@@ -48,13 +53,14 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     source = open_source(cfg.data.path, labeled=None, image_column=cfg.data.image_column,
                          label_column=cfg.data.label_column)  # fmt: skip
     normal = normal_class(cfg, source)
-    train = open_train(cfg) if cfg.score != "recon" else None
+    columns = SCORE_COLUMNS[cfg.score]
+    recon, features = "recon" in columns, any(c != "recon" for c in columns)
+    train = open_train(cfg) if features else None
     check_output_dir(cfg)
     accelerator = open_accelerator(cfg)
     model.to(accelerator.device)
     size = tuple(model.img_size)
-    recon, knn = cfg.score != "knn", cfg.score != "recon"
-    net = ImageOutputs(model, maps=recon, features=knn, masks=cfg.masks, seed=cfg.seed)
+    net = ImageOutputs(model, maps=recon, features=features, masks=cfg.masks, seed=cfg.seed)
     out, positions = predict(net, prepare_eval(accelerator, loader(source, cfg, size, mean, std, model.in_chans)),
                              accelerator)  # fmt: skip
     pixels = size[0] * size[1]
@@ -62,11 +68,15 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     scores = {}
     if recon:
         scores["recon"] = aggregate(maps, cfg.aggregate, cfg.top_percent)
-    if knn:
-        features = ImageOutputs(model, maps=False, features=True, masks=cfg.masks, seed=cfg.seed)
-        bank, _ = predict(features, prepare_eval(accelerator, loader(train, cfg, size, mean, std, model.in_chans)),
+    if features:
+        net = ImageOutputs(model, maps=False, features=True, masks=cfg.masks, seed=cfg.seed)
+        bank, _ = predict(net, prepare_eval(accelerator, loader(train, cfg, size, mean, std, model.in_chans)),
                           accelerator)  # fmt: skip
-        scores["knn"] = knn_distance(bank, out[:, pixels if recon else 0 :], cfg.k)
+        query = out[:, pixels if recon else 0 :]
+        if "knn" in columns:
+            scores["knn"] = knn_distance(bank, query, cfg.k)
+        if "gaussian" in columns:
+            scores["gaussian"] = gaussian_distance(bank, query, cfg.shrinkage)
     positions = positions.numpy()
     anomalous = None if normal is None else source.labels[positions] != normal
     metrics = judge(scores, anomalous, len(source) - len(positions))
@@ -141,7 +151,7 @@ def normal_class(cfg: AnomalyConfig, source: Any) -> int | None:
 
 
 def open_train(cfg: AnomalyConfig) -> Any:
-    """The normal training images whose features the k-NN score compares with: --train_path, or the run's."""
+    """The normal training images the feature scores compare with: --train_path, or the run's."""
     path = cfg.train_path or ((run_config(cfg.pretrained) or {}).get("data") or {}).get("path")
     if not path:
         raise ConfigError(
@@ -279,8 +289,8 @@ class Writer:
 
     def metrics(self, metrics: dict[str, Any], scores: dict[str, torch.Tensor], anomalous: np.ndarray | None) -> None:
         cfg = self.cfg
-        settings = {"score": cfg.score, "masks": cfg.masks, "aggregate": cfg.aggregate,
-                    "top_percent": cfg.top_percent, "k": cfg.k, "seed": cfg.seed}  # fmt: skip
+        settings = {"score": cfg.score, "masks": cfg.masks, "aggregate": cfg.aggregate, "top_percent": cfg.top_percent,
+                    "k": cfg.k, "shrinkage": cfg.shrinkage, "seed": cfg.seed}  # fmt: skip
         (self.out / ANOMALY_METRICS).write_text(json.dumps({**metrics, **settings}, indent=1))
         if anomalous is not None and "auroc" in metrics:
             from mae.figures import roc_figure

@@ -1,5 +1,5 @@
 """`mae anomaly` end to end: a noise square pasted into smooth images is found (image and pixel AUROC, the map's
-maximum inside the square), maps aligned with non-square inputs of 1 and 13 channels, k-NN scores, two processes
+maximum inside the square), maps aligned with non-square inputs of 1 and 13 channels, the feature scores, two processes
 giving one process's scores, and every bad input a one-line error."""
 
 import csv
@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from accelerate.state import AcceleratorState
 from PIL import Image
 
 import mae
+from mae.anomaly_maps import encoder_features, gaussian_distance, load_with_decoder
 from mae.api import run as api_run
 from mae.cli import main
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.data.transforms import normalize
+from mae.stages.anomaly import input_transform
 from mae.weights.export import save_model
 
 COMMON = ["--data.num_workers", "0", "--loop.mixed_precision", "no", "--loop.batch_size", "8"]
@@ -127,21 +130,45 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
     assert twice.shape == (24, 40) and twice[4:8, 21:28].min() > 0.9 and twice[expected == 0].max() < 0.3
 
 
-def test_knn_and_both_scores(tmp_path, trained, mvtec):
+@pytest.mark.parametrize(
+    ("score", "columns"),
+    [("knn", ["knn"]), ("gaussian", ["gaussian"]), ("both", ["recon", "knn"]), ("all", ["recon", "knn", "gaussian"])],
+)
+def test_feature_scores(tmp_path, trained, mvtec, score, columns):
+    """--score knn / gaussian / both / all: the columns of scores.csv and metrics.json, in the order the first of
+    which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features."""
     root, _ = mvtec
     train = tmp_path / "train"
     train.mkdir()
     for i, img in enumerate(smooth(np.random.default_rng(5), 24)):
         Image.fromarray(img).save(train / f"{i}.png")
-    out = tmp_path / "both"
+    out = tmp_path / score
     result = api_run("anomaly", pretrained=str(trained), data={"path": str(root / "test"), "num_workers": 0},
-                     train_path=str(train), score="both", save_maps=False, output_dir=str(out),
+                     train_path=str(train), score=score, save_maps=False, output_dir=str(out),
                      loop={"mixed_precision": "no"})  # fmt: skip
-    assert {"recon_auroc", "knn_auroc", "recon_aupr", "knn_aupr"} <= set(result.metrics)
-    assert result.metrics["auroc"] == result.metrics["recon_auroc"]
+    assert {f"{c}_{m}" for c in columns for m in ("auroc", "aupr")} <= set(result.metrics)
+    assert result.metrics["auroc"] == result.metrics[f"{columns[0]}_auroc"]
     rows = list(csv.DictReader((out / "scores.csv").open()))
-    assert {"recon_score", "recon_rank", "knn_score", "knn_rank"} <= set(rows[0]) and len(rows) == 40
-    assert not (out / "maps").exists()
+    assert len(rows) == 40 and not (out / "maps").exists()
+    if len(columns) == 1:
+        assert {"score", "rank"} <= set(rows[0]) and not any(k.endswith("_score") for k in rows[0])
+    else:
+        assert [k for k in rows[0] if k.endswith("_score")] == [f"{c}_score" for c in columns]
+    if score == "gaussian":
+        model = load_with_decoder(trained).eval()
+        stats = json.loads((out / "metrics.json").read_text())
+        assert stats["shrinkage"] == 1e-3
+        read = input_transform(tuple(model.img_size), IMAGENET_MEAN, IMAGENET_STD)  # a file without statistics
+
+        def features(paths):
+            x = torch.stack([read(Image.open(p).convert("RGB")) for p in paths])
+            return encoder_features(model, x)
+
+        bank = features(sorted(train.iterdir()))
+        tests = sorted((root / "test").rglob("*.png"))
+        expected = gaussian_distance(bank, features(tests), 1e-3)
+        got = {Path(r["file"]).parts[-2:]: float(r["score"]) for r in rows}
+        np.testing.assert_allclose([got[p.parts[-2:]] for p in tests], expected.numpy(), rtol=1e-3)
 
 
 @pytest.mark.slow
