@@ -202,6 +202,8 @@ def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec):
         ("normal_not_a_class", "--normal shiny: not a class of --data.path (its classes: good, noise)"),
         ("normal_unlabeled", "has no classes; give a folder with one subfolder per class"),
         ("knn_without_train", "--train_path: required with --score knn"),
+        ("gaussian_without_train", "--train_path: required with --score gaussian"),
+        ("shrinkage_out_of_range", "--shrinkage 0.0: must be > 0"),
         ("channels_without_stats", "--data.mean: the run at"),
         ("masks_out_of_range", "--masks 1: must be >= 2"),
         ("too_many_masks", "--masks 99: at most 16"),
@@ -221,8 +223,10 @@ def test_bad_input_is_one_line(tmp_path, capsys, trained, mvtec, case, expected)
     elif case == "normal_unlabeled":
         args[3] = root / "test" / "good"
         args += ["--normal", "good"]
-    elif case == "knn_without_train":
-        args += ["--score", "knn"]
+    elif case in ("knn_without_train", "gaussian_without_train"):
+        args += ["--score", case.split("_")[0]]
+    elif case == "shrinkage_out_of_range":
+        args += ["--shrinkage", 0]
     elif case == "channels_without_stats":
         args[1] = silent(tmp_path, 2, 32)
     elif case == "masks_out_of_range":
