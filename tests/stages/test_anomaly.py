@@ -136,16 +136,18 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
 )
 def test_feature_scores(tmp_path, trained, mvtec, score, columns):
     """--score knn / gaussian / both / all: the columns of scores.csv and metrics.json, in the order the first of
-    which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features."""
+    which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features, at the
+    default --shrinkage (gaussian) and at another (all)."""
     root, _ = mvtec
     train = tmp_path / "train"
     train.mkdir()
     for i, img in enumerate(smooth(np.random.default_rng(5), 24)):
         Image.fromarray(img).save(train / f"{i}.png")
     out = tmp_path / score
+    options = {"shrinkage": 10.0} if score == "all" else {}
     result = api_run("anomaly", pretrained=str(trained), data={"path": str(root / "test"), "num_workers": 0},
                      train_path=str(train), score=score, save_maps=False, output_dir=str(out),
-                     loop={"mixed_precision": "no"})  # fmt: skip
+                     loop={"mixed_precision": "no"}, **options)  # fmt: skip
     assert {f"{c}_{m}" for c in columns for m in ("auroc", "aupr")} <= set(result.metrics)
     assert result.metrics["auroc"] == result.metrics[f"{columns[0]}_auroc"]
     rows = list(csv.DictReader((out / "scores.csv").open()))
@@ -154,10 +156,11 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns):
         assert {"score", "rank"} <= set(rows[0]) and not any(k.endswith("_score") for k in rows[0])
     else:
         assert [k for k in rows[0] if k.endswith("_score")] == [f"{c}_score" for c in columns]
-    if score == "gaussian":
+    if "gaussian" in columns:
+        shrinkage = options.get("shrinkage", 1e-3)
         model = load_with_decoder(trained).eval()
         stats = json.loads((out / "metrics.json").read_text())
-        assert stats["shrinkage"] == 1e-3
+        assert stats["shrinkage"] == shrinkage
         read = input_transform(tuple(model.img_size), IMAGENET_MEAN, IMAGENET_STD)  # a file without statistics
 
         def features(paths):
@@ -166,8 +169,9 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns):
 
         bank = features(sorted(train.iterdir()))
         tests = sorted((root / "test").rglob("*.png"))
-        expected = gaussian_distance(bank, features(tests), 1e-3)
-        got = {Path(r["file"]).parts[-2:]: float(r["score"]) for r in rows}
+        expected = gaussian_distance(bank, features(tests), shrinkage)
+        column = "score" if len(columns) == 1 else "gaussian_score"
+        got = {Path(r["file"]).parts[-2:]: float(r[column]) for r in rows}
         np.testing.assert_allclose([got[p.parts[-2:]] for p in tests], expected.numpy(), rtol=1e-3)
 
 
