@@ -15,6 +15,10 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
     python scripts/anomaly_study.py --output runs/anomaly_study                      # the full protocol
     python scripts/anomaly_study.py --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
 
+With `--keep docs/results/anomaly_study`, each class and seed's scores (and the CPU and minutes of its
+pretraining) are also written there, and a class and seed found there is not run again: the documented study,
+too long for one sitting on 2 cores, is completed on later machines and its `results.json` written there.
+
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -125,8 +130,12 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m} for class c as normal; kept in
     the run's `study_scores.json`, so a stopped study resumes at the class it was in (delete it to score anew)."""
     run = args.output / f"class{c}_seed{seed}"
-    if (run / "study_scores.json").exists():
-        return json.loads((run / "study_scores.json").read_text())
+    kept = args.keep / f"class{c}_seed{seed}.json" if args.keep else None
+    for done in (kept, run / "study_scores.json"):
+        if done is not None and done.exists():
+            return json.loads(done.read_text())
+    if not data:  # read on the first class that needs it: kept scores need no data
+        data.update({part: load_split(args.source, part) for part in ("train", "test")})
     (train_x, train_y), (test_x, test_y) = data["train"], data["test"]
     fit, val_x, val_anomalous = split(train_x, train_y, c, seed)
     query = np.concatenate([val_x, test_x])  # scored in one pass: the fit's features and PCA computed once
@@ -145,15 +154,33 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     for name, m in (("mae", model), ("random-init", random_like(run, seed))):  # a random decoder's maps: noise
         scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed, name == "mae").items()})
     scores.update(baselines(fit, query))
-    result: dict = {"pretrain minutes": minutes}
+    result: dict = {"pretrain minutes": minutes, "epochs": run_config(run)["loop"]["epochs"], "cpu": cpu()}
     for part, (rows, anomalous) in parts.items():
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
           + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()), flush=True)  # fmt: skip
-    tmp = run / "study_scores.json.tmp"  # written whole or not at all: a kill here never leaves half a file
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, run / "study_scores.json")
+    for path in (run / "study_scores.json", kept):
+        if path is not None:
+            write_whole(path, json.dumps(result, indent=1))
     return result
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Written whole or not at all: a kill here never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cpu() -> str:
+    """The CPU's model name and whether it has bf16 units (what sets the pretraining minutes here)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    units = [u for u in ("amx_bf16", "avx512_bf16") if f" {u}" in info]
+    return f"{name or platform.processor() or 'unknown'}, {os.cpu_count()} cores, " + (
+        "+".join(units) if units else "no bf16 units"
+    )
 
 
 def choose(summary: dict) -> dict:
@@ -187,9 +214,16 @@ def main() -> None:
     parser.add_argument("--classes", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--epochs", type=int, default=None, help="shorten the recipe (a reduced protocol)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="also keep each class and seed's scores here, and take them from here when present: a "
+                        "study spread over machines (docs/results/anomaly_study holds the documented one)")  # fmt: skip
     args = parser.parse_args()
-    data = {split: load_split(args.source, split) for split in ("train", "test")}
+    data: dict = {}
     results = {f"{c}/{s}": one_class(args, c, s, data) for s in args.seeds for c in args.classes}
+    epochs = {r.get("epochs") for r in results.values()}
+    if len(epochs) > 1:
+        sys.exit(f"--keep {args.keep}: its runs were pretrained for different epochs ({sorted(map(str, epochs))}): "
+                 "keep one protocol per folder")  # fmt: skip
     methods = list(next(iter(results.values()))["test"])
     summary: dict = {}
     for part in ("val", "test"):
@@ -197,10 +231,12 @@ def main() -> None:
                                        for m in methods} for s in args.seeds}  # fmt: skip
         summary[part]["mean over seeds"] = {m: float(np.mean([v[m] for v in summary[part].values()])) for m in methods}
     chosen = choose(summary)
-    protocol = {"classes": args.classes, "seeds": args.seeds, "epochs": args.epochs or "recipe",
+    protocol = {"classes": args.classes, "seeds": args.seeds, "epochs": epochs.pop(),
                 "val_fraction": VAL_FRACTION, "val_anomalies_per_normal": VAL_ANOMALIES_PER_NORMAL}  # fmt: skip
     report = {"protocol": protocol, "per_run": results, "summary": summary, "chosen_on_val": chosen}
-    (args.output / "results.json").write_text(json.dumps(report, indent=1))
+    for folder in (args.output, args.keep):
+        if folder is not None:
+            write_whole(folder / "results.json", json.dumps(report, indent=1))
     print(f"\nmean AUROC over classes {args.classes}, test (val), each seed and their mean; settings chosen on val:")
     for family, m in chosen.items():
         cells = [f"{summary['test'][k][m]:.4f} ({summary['val'][k][m]:.4f})" for k in summary["test"]]

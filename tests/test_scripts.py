@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,35 @@ def test_anomaly_study_chooses_on_held_out_training_images_only():
                       "mae gaussian features": "mae gaussian features @ 0.001",
                       "random-init gaussian features": "random-init gaussian features @ 0.1",
                       "pca error": "pca error", "mae": "mae gaussian features @ 0.001"}  # fmt: skip
+
+
+def kept_run(mae_val: float, epochs: int) -> dict:
+    """A class and seed's scores as scripts/anomaly_study.py keeps them."""
+    aurocs = {"mae gaussian features @ 0.001": mae_val, "random-init gaussian features @ 0.001": 0.9, "pca error": 0.8}
+    return {"pretrain minutes": 9.0, "epochs": epochs, "cpu": "a CPU", "val": aurocs, "test": aurocs}
+
+
+def test_anomaly_study_completes_from_kept_scores(tmp_path):
+    """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
+    empty), and the study's results.json is written beside them; kept runs of different lengths are refused."""
+    keep, study = tmp_path / "keep", Path(SCRIPT.parent / "anomaly_study.py")
+    keep.mkdir()
+    for c, value in ((0, 0.94), (1, 0.96)):
+        (keep / f"class{c}_seed0.json").write_text(json.dumps(kept_run(value, 30)))
+    args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out"), "--keep", str(keep)]
+    proc = subprocess.run([sys.executable, str(study), *args, "--classes", "0", "1", "--seeds", "0"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((keep / "results.json").read_text())
+    assert report == json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["protocol"]["epochs"] == 30 and report["chosen_on_val"]["mae"] == "mae gaussian features @ 0.001"
+    assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.95)
+    assert "+5.00 points" in proc.stdout  # 0.95 against the random-init Gaussian's 0.90
+
+    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))
+    proc = subprocess.run([sys.executable, str(study), *args, "--classes", "0", "1", "--seeds", "0"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 1 and "different epochs" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize(
