@@ -102,24 +102,31 @@ def kept_run(mae_val: float, epochs: int) -> dict:
 
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
-    empty), and the study's results.json is written beside them; kept runs of different lengths are refused."""
+    empty); a run over all 10 classes writes the study's results.json beside them, a run over some classes only
+    into --output; kept runs of different lengths are refused."""
     keep, study = tmp_path / "keep", Path(SCRIPT.parent / "anomaly_study.py")
     keep.mkdir()
-    for c, value in ((0, 0.94), (1, 0.96)):
-        (keep / f"class{c}_seed0.json").write_text(json.dumps(kept_run(value, 30)))
-    args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out"), "--keep", str(keep)]
-    proc = subprocess.run([sys.executable, str(study), *args, "--classes", "0", "1", "--seeds", "0"],
-                          capture_output=True, text=True)  # fmt: skip
+    for c in range(10):
+        (keep / f"class{c}_seed0.json").write_text(json.dumps(kept_run(0.94 + 0.002 * c, 30)))
+
+    def run(*classes: int) -> subprocess.CompletedProcess:
+        args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out"), "--keep", str(keep)]
+        return subprocess.run([sys.executable, str(study), *args, "--seeds", "0", "--classes", *map(str, classes)],
+                              capture_output=True, text=True)  # fmt: skip
+
+    proc = run(0, 1)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "results.json").exists() and not (keep / "results.json").exists()
+    proc = run(*range(10))
     assert proc.returncode == 0, proc.stderr
     report = json.loads((keep / "results.json").read_text())
     assert report == json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["protocol"]["epochs"] == 30 and report["chosen_on_val"]["mae"] == "mae gaussian features @ 0.001"
-    assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.95)
-    assert "+5.00 points" in proc.stdout  # 0.95 against the random-init Gaussian's 0.90
+    assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.949)
+    assert "+4.90 points" in proc.stdout  # 0.949 against the random-init Gaussian's 0.90
 
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))
-    proc = subprocess.run([sys.executable, str(study), *args, "--classes", "0", "1", "--seeds", "0"],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = run(*range(10))
     assert proc.returncode == 1 and "different epochs" in proc.stderr and proc.stderr.count("\n") == 1
 
 
