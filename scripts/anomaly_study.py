@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import yaml
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
+from finetune_study import cpu  # noqa: E402  (the CPU's model and AVX-512 units, as the studies record it)
 from prepare_fashion_mnist import CLASSES, DEBIAN, IDX, idx_file, read_idx  # noqa: E402
 
 import mae  # noqa: E402
@@ -128,8 +128,9 @@ def split(train_x: np.ndarray, train_y: np.ndarray, c: int, seed: int) -> tuple[
 
 
 def one_class(args, c: int, seed: int, data: dict) -> dict:
-    """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m} for class c as normal; kept in
-    the run's `study_scores.json`, so a stopped study resumes at the class it was in (delete it to score anew)."""
+    """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m, "epochs": e, "cpu": ...} for class
+    c as normal; kept in the run's `study_scores.json` (and in `--keep`), so a stopped study resumes at the class it
+    was in (delete both to score anew)."""
     run = args.output / f"class{c}_seed{seed}"
     kept = args.keep / f"class{c}_seed{seed}.json" if args.keep else None
     for done in (kept, run / "study_scores.json"):
@@ -174,16 +175,6 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cpu() -> str:
-    """The CPU's model name and whether it has bf16 units (what sets the pretraining minutes here)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    units = [u for u in ("amx_bf16", "avx512_bf16") if f" {u}" in info]
-    return f"{name or platform.processor() or 'unknown'}, {os.cpu_count()} cores, " + (
-        "+".join(units) if units else "no bf16 units"
-    )
-
-
 def choose(summary: dict) -> dict:
     """{method: its score as reported}: each method at its setting with the best mean val AUROC, and "mae" for
     the best of the MAE's methods on val (its score in the study)."""
@@ -223,7 +214,8 @@ def main() -> None:
     results = {f"{c}/{s}": one_class(args, c, s, data) for s in args.seeds for c in args.classes}
     epochs = {r.get("epochs") for r in results.values()}
     if len(epochs) > 1:
-        sys.exit(f"--keep {args.keep}: its runs were pretrained for different epochs ({sorted(map(str, epochs))}): "
+        where = f"--keep {args.keep}" if args.keep else f"--output {args.output}"
+        sys.exit(f"{where}: its runs were pretrained for different epochs ({sorted(map(str, epochs))}): "
                  "keep one protocol per folder")  # fmt: skip
     methods = list(next(iter(results.values()))["test"])
     summary: dict = {}

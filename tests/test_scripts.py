@@ -104,13 +104,14 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
     empty); a run over all 10 classes writes the study's results.json beside them, a run over some classes only
     into --output; kept runs of different lengths are refused."""
-    keep, study = tmp_path / "keep", Path(SCRIPT.parent / "anomaly_study.py")
+    keep, study = tmp_path / "keep", SCRIPT.parent / "anomaly_study.py"
     keep.mkdir()
     for c in range(10):
         (keep / f"class{c}_seed0.json").write_text(json.dumps(kept_run(0.94 + 0.002 * c, 30)))
 
-    def run(*classes: int) -> subprocess.CompletedProcess:
-        args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out"), "--keep", str(keep)]
+    def run(*classes: int, kept: bool = True) -> subprocess.CompletedProcess:
+        args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out")]
+        args += ["--keep", str(keep)] if kept else []
         return subprocess.run([sys.executable, str(study), *args, "--seeds", "0", "--classes", *map(str, classes)],
                               capture_output=True, text=True)  # fmt: skip
 
@@ -128,6 +129,18 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))
     proc = run(*range(10))
     assert proc.returncode == 1 and "different epochs" in proc.stderr and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"--keep {keep}:")
+
+    # Without --keep (the default), the run folders' own scores resume the study, and the same refusal names them.
+    for c, epochs in ((0, 30), (1, 40)):
+        (tmp_path / "out" / f"class{c}_seed0").mkdir(parents=True)
+        (tmp_path / "out" / f"class{c}_seed0" / "study_scores.json").write_text(json.dumps(kept_run(0.95, epochs)))
+    proc = run(0, kept=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["protocol"]["classes"] == [0]
+    proc = run(0, 1, kept=False)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"--output {tmp_path / 'out'}:")
+    assert proc.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize(
