@@ -135,7 +135,10 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     kept = args.keep / f"class{c}_seed{seed}.json" if args.keep else None
     for done in (kept, run / "study_scores.json"):
         if done is not None and done.exists():
-            return json.loads(done.read_text())
+            try:
+                return json.loads(done.read_text())
+            except ValueError as e:
+                sys.exit(f"{done}: not a class's kept scores ({e}); delete it to run that class and seed again")
     if not data:  # read on the first class that needs it: kept scores need no data
         data.update({part: load_split(args.source, part) for part in ("train", "test")})
     (train_x, train_y), (test_x, test_y) = data["train"], data["test"]
@@ -149,14 +152,15 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **overrides)
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study
     minutes = float((run / "pretrain_minutes").read_text())
-    stats = run_config(run)["data"]
+    config = run_config(run)
+    stats = config["data"]
     model = load_with_decoder(run)
     bank_x, query_x = as_input(fit, stats["mean"], stats["std"]), as_input(query, stats["mean"], stats["std"])
     scores = {}
     for name, m in (("mae", model), ("random-init", random_like(run, seed))):  # a random decoder's maps: noise
         scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed, name == "mae").items()})
     scores.update(baselines(fit, query))
-    result: dict = {"pretrain minutes": minutes, "epochs": run_config(run)["loop"]["epochs"], "cpu": cpu()}
+    result: dict = {"pretrain minutes": minutes, "epochs": config["loop"]["epochs"], "cpu": cpu()}
     for part, (rows, anomalous) in parts.items():
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "

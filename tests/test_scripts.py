@@ -142,6 +142,11 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     assert proc.returncode == 1 and proc.stderr.startswith(f"--output {tmp_path / 'out'}:")
     assert proc.stderr.count("\n") == 1
 
+    (keep / "class1_seed0.json").write_text('{"val": ')  # cut short: one line naming the file, nothing run
+    proc = run(1)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"{keep / 'class1_seed0.json'}: not a class's kept scores")
+    assert proc.stderr.count("\n") == 1
+
 
 @pytest.mark.parametrize(
     ("budgets", "finished", "pretrained", "reported"),
