@@ -17,8 +17,8 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
 
 With `--keep docs/results/anomaly_study`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
-too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes writes its
-`results.json` there too.
+too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes and seeds 0
+and 1 writes its `results.json` there too.
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -231,7 +231,9 @@ def main() -> None:
     protocol = {"classes": args.classes, "seeds": args.seeds, "epochs": epochs.pop(),
                 "val_fraction": VAL_FRACTION, "val_anomalies_per_normal": VAL_ANOMALIES_PER_NORMAL}  # fmt: skip
     report = {"protocol": protocol, "per_run": results, "summary": summary, "chosen_on_val": chosen}
-    whole = sorted(args.classes) == list(range(len(CLASSES)))  # a part of the classes: not the kept study's summary
+    # Only the whole protocol (every class, at least the default seeds) writes the kept study's summary: a run over
+    # some classes or one seed would overwrite it with a part of it.
+    whole = set(args.classes) == set(range(len(CLASSES))) and set(args.seeds) >= set(parser.get_default("seeds"))
     for folder in (args.output, args.keep if whole else None):
         if folder is not None:
             write_whole(folder / "results.json", json.dumps(report, indent=1))

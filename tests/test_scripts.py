@@ -102,23 +102,27 @@ def kept_run(mae_val: float, epochs: int) -> dict:
 
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
-    empty); a run over all 10 classes writes the study's results.json beside them, a run over some classes only
-    into --output; kept runs of different lengths are refused."""
+    empty); a run over all 10 classes and both seeds writes the study's results.json beside them, a run over some
+    classes or one seed only into --output; kept runs of different lengths are refused."""
     keep, study = tmp_path / "keep", SCRIPT.parent / "anomaly_study.py"
     keep.mkdir()
     for c in range(10):
-        (keep / f"class{c}_seed0.json").write_text(json.dumps(kept_run(0.94 + 0.002 * c, 30)))
+        for seed in (0, 1):
+            (keep / f"class{c}_seed{seed}.json").write_text(json.dumps(kept_run(0.94 + 0.002 * c, 30)))
 
-    def run(*classes: int, kept: bool = True) -> subprocess.CompletedProcess:
+    def run(*classes: int, kept: bool = True, seeds: tuple = (0,)) -> subprocess.CompletedProcess:
         args = ["--source", str(tmp_path / "no_data"), "--output", str(tmp_path / "out")]
         args += ["--keep", str(keep)] if kept else []
-        return subprocess.run([sys.executable, str(study), *args, "--seeds", "0", "--classes", *map(str, classes)],
-                              capture_output=True, text=True)  # fmt: skip
+        args += ["--seeds", *map(str, seeds), "--classes", *map(str, classes)]
+        return subprocess.run([sys.executable, str(study), *args], capture_output=True, text=True)
 
     proc = run(0, 1)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "results.json").exists() and not (keep / "results.json").exists()
-    proc = run(*range(10))
+    proc = run(*range(10))  # one seed
+    assert proc.returncode == 0, proc.stderr
+    assert not (keep / "results.json").exists()
+    proc = run(*range(10), seeds=(0, 1))
     assert proc.returncode == 0, proc.stderr
     report = json.loads((keep / "results.json").read_text())
     assert report == json.loads((tmp_path / "out" / "results.json").read_text())
