@@ -206,3 +206,44 @@ def test_continue_study_budgets(tmp_path, monkeypatch, budgets, finished, pretra
     assert ("- |" in rows[1]) == ("1ep" in reported)  # seed 1 has no one-epoch runs for this pair
     goal = {"1ep": "at 1 epoch, in all 3 rows measured: yes.", "third": "at a third, in all 4 rows measured: yes."}
     assert [b for b in goal if goal[b] in table] == reported
+
+
+def test_anomaly_levers_score_as_the_study_does():
+    """scripts/anomaly_levers.py: its last block's features are the study's (`encoder_features`), so its
+    "last block, shrinkage 0.001" is the study's Gaussian; every lever scores every val image; the fusions with
+    the reconstruction score only where asked (the MAE's)."""
+    import torch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import anomaly_levers
+
+    import mae
+    from mae.anomaly_maps import encoder_features, gaussian_distance
+
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_tiny_patch16", img_size=28, in_chans=1, patch_size=4, embed_dim=32, depth=3,
+                           num_heads=2, decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2).eval()  # fmt: skip
+    fit, val = torch.randn(40, 1, 28, 28), torch.randn(30, 1, 28, 28)
+    levers = anomaly_levers.scoring_levers(model, fit, val, seed=0, recon=True)
+    study = gaussian_distance(encoder_features(model, fit), encoder_features(model, val), 1e-3)
+    torch.testing.assert_close(levers["last block, shrinkage 0.001"].float(), study, rtol=1e-4, atol=1e-4)
+    assert {"block 1, shrinkage 0.1", "blocks 2-3, shrinkage 0.01", "CLS token", "+ 0.5 x k-NN"} <= set(levers)
+    assert all(v.shape == (30,) and bool(torch.isfinite(v).all()) for v in levers.values())
+    assert "+ 1 x reconstruction" in levers
+    assert not any("reconstruction" in k for k in anomaly_levers.scoring_levers(model, fit, val, 0, recon=False))
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--variant", "normpix={model"], "--variant normpix={model: not NAME=JSON"),
+        ([], "no study run; pretrain it first: python scripts/anomaly_study.py"),
+    ],
+)
+def test_anomaly_levers_bad_input(tmp_path, args, error):
+    """One line, before any data is read or anything runs (the source folder here is empty)."""
+    cmd = [sys.executable, str(SCRIPT.parent / "anomaly_levers.py"), "--source", str(tmp_path), "--output",
+           str(tmp_path / "runs"), "--classes", "3", *args]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert error in proc.stderr

@@ -1,0 +1,185 @@
+"""Levers toward the anomaly study's goal (docs/anomaly.md), measured on its val split only: what a change of the
+scoring or of the pretraining recipe does to the MAE's Gaussian feature distance, and, the same change applied, to
+the random-init model's (the best baseline). Test images are never read.
+
+Scoring levers, on the run folders of `scripts/anomaly_study.py` (same --output and seed; pretrained there):
+the Gaussian's shrinkage below the study's grid; the features of each encoder block and of the last blocks
+concatenated; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance or (the MAE
+only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread over the
+fit images. Recipe levers (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE
+pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the study's.
+
+    python scripts/anomaly_study.py --output runs/anomaly_study --seeds 1               # the runs, if not there
+    python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1                # scoring levers
+    python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1 --classes 6 5 2 0 --scoring false \\
+        --variant normpix='{"model": {"norm_pix_loss": true}}' --variant mask50='{"model": {"mask_ratio": 0.5}}'
+
+Writes OUTPUT/levers_seed{S}.json: {lever: {"mae": [val AUROC per class], "random-init": [...]}}, and prints each
+lever's means and its margin: the MAE's minus the random-init model's, the same lever on both; for a recipe lever,
+the variant's minus the study recipe's MAE.
+
+Public API only: `mae.pretrain`, `mae.anomaly_maps`, and the timm encoder's blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from anomaly_study import (  # noqa: E402
+    DEBIAN,
+    RECIPE,
+    SHRINKAGES,
+    as_input,
+    load_split,
+    random_like,
+    split,
+    write_class_folder,
+    write_whole,
+)
+
+import mae  # noqa: E402
+from mae.anomaly_maps import (  # noqa: E402
+    aggregate,
+    anomaly_maps,
+    auroc,
+    gaussian_distance,
+    knn_distance,
+    load_with_decoder,
+)
+from mae.run_folder import run_config  # noqa: E402
+
+STUDY = 1e-3  # the study's chosen shrinkage: every lever but the shrinkage's own is scored at it
+FINER = (1e-6, 1e-5, 1e-4)  # the shrinkage below the study's grid
+FUSE_KNN = (0.25, 0.5, 1.0)
+FUSE_RECON = (0.1, 0.25, 0.5, 1.0)
+K = 5
+BATCH = 500
+
+
+@torch.no_grad()
+def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([L, N, D] each block's patch tokens, final norm applied, averaged; [N, D] the last block's CLS token)."""
+    model.eval()
+    enc = model.encoder
+    means, cls = [], []
+    for i in range(0, len(x), BATCH):
+        tokens = enc.norm_pre(enc._pos_embed(enc.patch_embed(x[i : i + BATCH])))
+        per = []
+        for block in enc.blocks:
+            tokens = block(tokens)
+            per.append(enc.norm(tokens)[:, enc.num_prefix_tokens :].mean(1))
+        means.append(torch.stack(per))
+        cls.append(enc.norm(tokens)[:, 0])
+    return torch.cat(means, 1).double(), torch.cat(cls).double()
+
+
+def recon_mean(model, x: torch.Tensor, seed: int) -> torch.Tensor:
+    maps = torch.cat([anomaly_maps(model, x[i : i + BATCH], masks=4, seed=seed)[0] for i in range(0, len(x), BATCH)])
+    return aggregate(maps, "mean").double()
+
+
+def standardised(fit: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """`query` in units of `fit`'s spread: scores of different scales summed on equal terms."""
+    return (query - fit.mean()) / fit.std()
+
+
+def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, recon: bool) -> dict:
+    """{lever: val scores} of one model (`recon`: also the fusions with its reconstruction score)."""
+    (fit_b, fit_cls), (val_b, val_cls) = block_features(model, fit_x), block_features(model, val_x)
+    (fit_flip, _), (val_flip, _) = block_features(model, fit_x.flip(-1)), block_features(model, val_x.flip(-1))
+    fit, val, blocks = fit_b[-1], val_b[-1], len(fit_b)
+    study = gaussian_distance(fit, val, STUDY).double()
+    out = {f"last block, shrinkage {s:g}": gaussian_distance(fit, val, s) for s in FINER + SHRINKAGES}
+    for b in range(blocks - 1):
+        for s in SHRINKAGES:
+            out[f"block {b + 1}, shrinkage {s:g}"] = gaussian_distance(fit_b[b], val_b[b], s)
+            cat_fit, cat_val = fit_b[b:].permute(1, 0, 2).flatten(1), val_b[b:].permute(1, 0, 2).flatten(1)
+            out[f"blocks {b + 1}-{blocks}, shrinkage {s:g}"] = gaussian_distance(cat_fit, cat_val, s)
+    out["CLS token"] = gaussian_distance(fit_cls, val_cls, STUDY)
+    out["mean and CLS"] = gaussian_distance(torch.cat([fit, fit_cls], 1), torch.cat([val, val_cls], 1), STUDY)
+    out["flip-averaged features"] = gaussian_distance((fit + fit_flip[-1]) / 2, (val + val_flip[-1]) / 2, STUDY)
+    out["flipped fit images added"] = gaussian_distance(torch.cat([fit, fit_flip[-1]]), val, STUDY)
+    study_fit = gaussian_distance(fit, fit, STUDY).double()
+    # On the fit images themselves the k-NN's nearest is the image: its k + 1 nearest less itself.
+    knn_val, knn_fit = knn_distance(fit, val, K).double(), knn_distance(fit, fit, K + 1).double() * (K + 1) / K
+    for w in FUSE_KNN:
+        out[f"+ {w:g} x k-NN"] = standardised(study_fit, study) + w * standardised(knn_fit, knn_val)
+    if recon:
+        recon_val, recon_fit = recon_mean(model, val_x, seed), recon_mean(model, fit_x, seed)
+        for w in FUSE_RECON:
+            out[f"+ {w:g} x reconstruction"] = standardised(study_fit, study) + w * standardised(recon_fit, recon_val)
+    return out
+
+
+def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray) -> torch.Tensor:
+    stats = run_config(run)["data"]
+    model = load_with_decoder(run)
+    features = [block_features(model, as_input(x, stats["mean"], stats["std"]))[0][-1] for x in (fit, val)]
+    return gaussian_distance(*features, STUDY)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", type=Path, default=DEBIAN, help="folder of the four IDX files")
+    parser.add_argument("--output", type=Path, default=Path("runs/anomaly_study"), help="the study's run folders")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--classes", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument("--scoring", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
+                        help="measure the scoring levers (false: the --variant ones only)")  # fmt: skip
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                        help="a recipe change: its overrides as mae.pretrain takes them")  # fmt: skip
+    args = parser.parse_args()
+    variants = {}
+    for v in args.variant:
+        name, _, overrides = v.partition("=")
+        try:
+            variants[name] = json.loads(overrides)
+        except ValueError as e:
+            sys.exit(f"--variant {v}: not NAME=JSON ({e})")
+    for c in args.classes:  # before anything runs
+        run = args.output / f"class{c}_seed{args.seed}"
+        if not (run / "encoder.safetensors").exists():
+            sys.exit(f"{run}: no study run; pretrain it first: python scripts/anomaly_study.py --output "
+                     f"{args.output} --classes {c} --seeds {args.seed}")  # fmt: skip
+    train_x, train_y = load_split(args.source, "train")
+    result_path = args.output / f"levers_seed{args.seed}.json"
+    rows: dict = {}
+    for c in args.classes:
+        run = args.output / f"class{c}_seed{args.seed}"
+        fit, val_x, anomalous = split(train_x, train_y, c, args.seed)
+        if args.scoring:
+            stats = run_config(run)["data"]
+            fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))
+            for name, model in (("mae", load_with_decoder(run)), ("random-init", random_like(run, args.seed))):
+                for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
+                    rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))
+        study = auroc(study_gaussian(run, fit, val_x).numpy(), anomalous)
+        folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
+        for name, overrides in variants.items():
+            vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
+            if not (vrun / "encoder.safetensors").exists():
+                mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(vrun), seed=args.seed,
+                             **overrides)  # fmt: skip
+            rows.setdefault(f"recipe: {name}", {}).setdefault("mae", []).append(
+                auroc(study_gaussian(vrun, fit, val_x).numpy(), anomalous))  # fmt: skip
+            rows.setdefault(f"recipe: {name}", {}).setdefault("study's recipe", []).append(study)
+        print(f"class {c} done", flush=True)
+    write_whole(result_path, json.dumps({"classes": args.classes, "seed": args.seed, "val": rows}, indent=1))
+    print(f"val AUROC, mean over classes {args.classes} (seed {args.seed}); {result_path}")
+    for lever, by_model in rows.items():
+        means = {m: 100 * float(np.mean(v)) for m, v in by_model.items()}
+        cells = "  ".join(f"{m} {v:.2f}" for m, v in means.items())
+        other = [v for m, v in means.items() if m != "mae"]
+        margin = f"  margin {means['mae'] - other[0]:+.2f}" if other else ""
+        print(f"  {lever:36s} {cells}{margin}")
+
+
+if __name__ == "__main__":
+    main()
