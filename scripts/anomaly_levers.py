@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("runs/anomaly_study"), help="the study's run folders")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--classes", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--scoring", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
+    parser.add_argument("--scoring", type=lambda s: {"true": True, "false": False}[s.lower()], default=True,
                         help="measure the scoring levers (false: the --variant ones only)")  # fmt: skip
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help="a recipe change: its overrides as mae.pretrain takes them")  # fmt: skip
@@ -143,6 +143,8 @@ def main() -> None:
             variants[name] = json.loads(overrides)
         except ValueError as e:
             sys.exit(f"--variant {v}: not NAME=JSON ({e})")
+        if not isinstance(variants[name], dict):
+            sys.exit(f"--variant {v}: not NAME=JSON with a JSON object, e.g. " + '\'{"model": {"mask_ratio": 0.5}}\'')
     for c in args.classes:  # before anything runs
         run = args.output / f"class{c}_seed{args.seed}"
         if not (run / "encoder.safetensors").exists():
@@ -154,22 +156,26 @@ def main() -> None:
     for c in args.classes:
         run = args.output / f"class{c}_seed{args.seed}"
         fit, val_x, anomalous = split(train_x, train_y, c, args.seed)
+        if variants:  # first: a bad override ends the run before any scoring is lost
+            study = auroc(study_gaussian(run, fit, val_x).numpy(), anomalous)
+            folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
+        for name, overrides in variants.items():
+            vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
+            if not (vrun / "encoder.safetensors").exists():
+                try:
+                    mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(vrun),
+                                 seed=args.seed, **overrides)  # fmt: skip
+                except mae.MaeError as e:
+                    sys.exit(f"--variant {name}: {e}")
+            rows.setdefault(f"recipe: {name}", {}).setdefault("mae", []).append(
+                auroc(study_gaussian(vrun, fit, val_x).numpy(), anomalous))  # fmt: skip
+            rows.setdefault(f"recipe: {name}", {}).setdefault("study's recipe", []).append(study)
         if args.scoring:
             stats = run_config(run)["data"]
             fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))
             for name, model in (("mae", load_with_decoder(run)), ("random-init", random_like(run, args.seed))):
                 for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
                     rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))
-        study = auroc(study_gaussian(run, fit, val_x).numpy(), anomalous)
-        folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
-        for name, overrides in variants.items():
-            vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
-            if not (vrun / "encoder.safetensors").exists():
-                mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(vrun), seed=args.seed,
-                             **overrides)  # fmt: skip
-            rows.setdefault(f"recipe: {name}", {}).setdefault("mae", []).append(
-                auroc(study_gaussian(vrun, fit, val_x).numpy(), anomalous))  # fmt: skip
-            rows.setdefault(f"recipe: {name}", {}).setdefault("study's recipe", []).append(study)
         print(f"class {c} done", flush=True)
     write_whole(result_path, json.dumps({"classes": args.classes, "seed": args.seed, "val": rows}, indent=1))
     print(f"val AUROC, mean over classes {args.classes} (seed {args.seed}); {result_path}")

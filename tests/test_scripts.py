@@ -237,6 +237,7 @@ def test_anomaly_levers_score_as_the_study_does():
     ("args", "error"),
     [
         (["--variant", "normpix={model"], "--variant normpix={model: not NAME=JSON"),
+        (["--variant", "normpix=0.5"], "--variant normpix=0.5: not NAME=JSON with a JSON object"),
         ([], "no study run; pretrain it first: python scripts/anomaly_study.py"),
     ],
 )
