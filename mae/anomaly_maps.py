@@ -13,7 +13,8 @@ over its predictions and over channels, is the map; an aggregate of the map is t
 
 Beside it, two feature-distance scores, which see semantic outliers that reconstruct well: `knn_distance`, the
 cosine distance of an image's encoder features to its nearest training images, and `gaussian_distance`, their
-Mahalanobis distance to a Gaussian fitted to the training images' features. `auroc` and
+Mahalanobis distance to a Gaussian fitted to the training images' features (`encoder_features`: of the whole
+image, or of its masked views as in pretraining). `auroc` and
 `average_precision` judge either score against known anomalies (no scikit-learn: ranks and a cumulative sum).
 """
 
@@ -134,10 +135,17 @@ def anomaly_maps(
 
 
 @torch.no_grad()
-def encoder_features(model: MaskedAutoencoder, images: torch.Tensor) -> torch.Tensor:
-    """[N, C, H, W] -> [N, D]: the unmasked encoder's patch tokens, averaged."""
-    tokens = model.encoder.forward_features(images)
-    return tokens[:, model.encoder.num_prefix_tokens :].mean(1).float()
+def encoder_features(model: MaskedAutoencoder, images: torch.Tensor, masks: int = 0, seed: int = 0) -> torch.Tensor:
+    """[N, C, H, W] -> [N, D]: the encoder's patch tokens, averaged. `masks` 0: the whole image at once; K >= 2: the
+    image as the encoder saw it in pretraining, the visible patches of each of K complementary mask sets (the maps'
+    sets, from `seed`) at a time, their token means averaged over the sets."""
+    prefix = model.encoder.num_prefix_tokens
+    if not masks:
+        return model.encoder.forward_features(images)[:, prefix:].mean(1).float()
+    noise, ratio = complementary_noise(model.num_patches, masks, seed)
+    per_set = [model.forward_encoder(images, ratio, noise[k].to(images.device).expand(len(images), -1))[0]
+               for k in range(masks)]  # fmt: skip
+    return torch.stack([latent[:, prefix:].float().mean(1) for latent in per_set]).mean(0)
 
 
 def knn_distance(bank: torch.Tensor, query: torch.Tensor, k: int = 5, chunk: int = 1024) -> torch.Tensor:

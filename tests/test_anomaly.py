@@ -14,6 +14,7 @@ from mae.anomaly_maps import (
     auroc,
     average_precision,
     complementary_noise,
+    encoder_features,
     gaussian_distance,
     knn_distance,
     load_with_decoder,
@@ -107,6 +108,31 @@ def test_seeded_and_deterministic_in_any_batch():
     torch.testing.assert_close(anomaly_maps(model, x[3:], seed=1)[0], maps[3:])  # a batch of its own: the same
     assert not torch.allclose(anomaly_maps(model, x, seed=2)[0], maps)
     assert model.training  # restored
+
+
+def test_masked_view_features():
+    """encoder_features(masks=K): each image seen a set of visible patches at a time, as in pretraining, the sets'
+    token means averaged; seeded, the same in any batch. With one patch a set (K = the patch count) it is the mean
+    over patches of the encoder run on that patch alone."""
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        masked = encoder_features(model, x, masks=4, seed=1)
+        assert masked.shape == encoder_features(model, x).shape
+        assert torch.equal(masked, encoder_features(model, x, masks=4, seed=1))
+        torch.testing.assert_close(encoder_features(model, x[3:], masks=4, seed=1), masked[3:])
+        assert not torch.allclose(encoder_features(model, x, masks=4, seed=2), masked)
+        assert not torch.allclose(encoder_features(model, x), masked)
+        length, prefix = model.num_patches, model.encoder.num_prefix_tokens
+        alone = []
+        for j in range(length):
+            noise = torch.ones(len(x), length)
+            noise[:, j] = 0  # patch j kept, the rest masked
+            latent, _ = model.forward_encoder(x, 1 - 1.5 / length, noise)
+            alone.append(latent[:, prefix:].mean(1))
+        one_each = encoder_features(model, x, masks=length, seed=3)
+    torch.testing.assert_close(one_each, torch.stack(alone).mean(0), rtol=1e-4, atol=1e-5)
 
 
 def test_aggregates():

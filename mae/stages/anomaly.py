@@ -60,7 +60,7 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     accelerator = open_accelerator(cfg)
     model.to(accelerator.device)
     size = tuple(model.img_size)
-    net = ImageOutputs(model, maps=recon, features=features, masks=cfg.masks, seed=cfg.seed)
+    net = ImageOutputs(model, maps=recon, features=features, cfg=cfg)
     out, positions = predict(net, prepare_eval(accelerator, loader(source, cfg, size, mean, std, model.in_chans)),
                              accelerator)  # fmt: skip
     pixels = size[0] * size[1]
@@ -69,7 +69,7 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     if recon:
         scores["recon"] = aggregate(maps, cfg.aggregate, cfg.top_percent)
     if features:
-        net = ImageOutputs(model, maps=False, features=True, masks=cfg.masks, seed=cfg.seed)
+        net = ImageOutputs(model, maps=False, features=True, cfg=cfg)
         bank, _ = predict(net, prepare_eval(accelerator, loader(train, cfg, size, mean, std, model.in_chans)),
                           accelerator)  # fmt: skip
         query = out[:, pixels if recon else 0 :]
@@ -202,14 +202,15 @@ def loader(source: Any, cfg: AnomalyConfig, size: tuple[int, int], mean: tuple, 
 class ImageOutputs(nn.Module):
     """Images -> one row each for `predict` to gather: the flattened map [H * W], then the encoder features [D]."""
 
-    def __init__(self, model: nn.Module, *, maps: bool, features: bool, masks: int, seed: int) -> None:
+    def __init__(self, model: nn.Module, *, maps: bool, features: bool, cfg: AnomalyConfig) -> None:
         super().__init__()
-        self.model, self.maps, self.features, self.masks, self.seed = model, maps, features, masks, seed
+        self.model, self.maps, self.features, self.masks, self.seed = model, maps, features, cfg.masks, cfg.seed
+        self.feature_masks = cfg.masks if cfg.features == "masked" else 0
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         parts = [error_maps(self.model, images, self.masks, self.seed).flatten(1)] if self.maps else []
         if self.features:
-            parts.append(encoder_features(self.model, images))
+            parts.append(encoder_features(self.model, images, self.feature_masks, self.seed))
         return torch.cat(parts, 1)
 
 
@@ -290,7 +291,7 @@ class Writer:
     def metrics(self, metrics: dict[str, Any], scores: dict[str, torch.Tensor], anomalous: np.ndarray | None) -> None:
         cfg = self.cfg
         settings = {"score": cfg.score, "masks": cfg.masks, "aggregate": cfg.aggregate, "top_percent": cfg.top_percent,
-                    "k": cfg.k, "shrinkage": cfg.shrinkage, "seed": cfg.seed}  # fmt: skip
+                    "k": cfg.k, "shrinkage": cfg.shrinkage, "features": cfg.features, "seed": cfg.seed}  # fmt: skip
         (self.out / ANOMALY_METRICS).write_text(json.dumps({**metrics, **settings}, indent=1))
         if anomalous is not None and "auroc" in metrics:
             from mae.figures import roc_figure

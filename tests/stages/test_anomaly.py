@@ -131,13 +131,15 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
 
 
 @pytest.mark.parametrize(
-    ("score", "columns"),
-    [("knn", ["knn"]), ("gaussian", ["gaussian"]), ("both", ["recon", "knn"]), ("all", ["recon", "knn", "gaussian"])],
-)
-def test_feature_scores(tmp_path, trained, mvtec, score, columns):
+    ("score", "columns", "features"),
+    [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], "masked"),
+     ("both", ["recon", "knn"], "full"), ("all", ["recon", "knn", "gaussian"], "full")],
+)  # fmt: skip
+def test_feature_scores(tmp_path, trained, mvtec, score, columns, features):
     """--score knn / gaussian / both / all: the columns of scores.csv and metrics.json, in the order the first of
-    which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features, at the
-    default --shrinkage (gaussian) and at another (all)."""
+    which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features (of the
+    whole image, or with --features masked of its --masks masked views), at the default --shrinkage (gaussian) and
+    at another (all)."""
     root, _ = mvtec
     train = tmp_path / "train"
     train.mkdir()
@@ -147,7 +149,7 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns):
     options = {"shrinkage": 10.0} if score == "all" else {}
     result = api_run("anomaly", pretrained=str(trained), data={"path": str(root / "test"), "num_workers": 0},
                      train_path=str(train), score=score, save_maps=False, output_dir=str(out),
-                     loop={"mixed_precision": "no"}, **options)  # fmt: skip
+                     loop={"mixed_precision": "no"}, features=features, **options)  # fmt: skip
     assert {f"{c}_{m}" for c in columns for m in ("auroc", "aupr")} <= set(result.metrics)
     assert result.metrics["auroc"] == result.metrics[f"{columns[0]}_auroc"]
     rows = list(csv.DictReader((out / "scores.csv").open()))
@@ -160,16 +162,18 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns):
         shrinkage = options.get("shrinkage", 1e-3)
         model = load_with_decoder(trained).eval()
         stats = json.loads((out / "metrics.json").read_text())
-        assert stats["shrinkage"] == shrinkage
+        assert stats["shrinkage"] == shrinkage and stats["features"] == features
         read = input_transform(tuple(model.img_size), IMAGENET_MEAN, IMAGENET_STD)  # a file without statistics
 
-        def features(paths):
-            x = torch.stack([read(Image.open(p).convert("RGB")) for p in paths])
-            return encoder_features(model, x)
+        masks = 4 if features == "masked" else 0  # --masks and --seed at their defaults
 
-        bank = features(sorted(train.iterdir()))
+        def features_of(paths):
+            x = torch.stack([read(Image.open(p).convert("RGB")) for p in paths])
+            return encoder_features(model, x, masks=masks, seed=0)
+
+        bank = features_of(sorted(train.iterdir()))
         tests = sorted((root / "test").rglob("*.png"))
-        expected = gaussian_distance(bank, features(tests), shrinkage)
+        expected = gaussian_distance(bank, features_of(tests), shrinkage)
         column = "score" if len(columns) == 1 else "gaussian_score"
         got = {Path(r["file"]).parts[-2:]: float(r[column]) for r in rows}
         np.testing.assert_allclose([got[p.parts[-2:]] for p in tests], expected.numpy(), rtol=1e-3)
