@@ -37,6 +37,7 @@ from anomaly_study import (  # noqa: E402
     RECIPE,
     SHRINKAGES,
     as_input,
+    in_batches,
     load_split,
     random_like,
     split,
@@ -49,6 +50,7 @@ from mae.anomaly_maps import (  # noqa: E402
     aggregate,
     anomaly_maps,
     auroc,
+    complementary_noise,
     gaussian_distance,
     knn_distance,
     load_with_decoder,
@@ -61,6 +63,7 @@ FUSE_KNN = (0.25, 0.5, 1.0)
 FUSE_RECON = (0.1, 0.25, 0.5, 1.0)
 K = 5
 BATCH = 500
+MASK_SETS = (2, 4)  # complementary sets: the encoder sees half, or a quarter (pretraining's 75% mask)
 
 
 @torch.no_grad()
@@ -80,8 +83,39 @@ def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(means, 1).double(), torch.cat(cls).double()
 
 
+@torch.no_grad()
+def masked_features(model, x: torch.Tensor, masks: int, seed: int) -> torch.Tensor:
+    """[K, N, D]: the patch-token mean of the encoder under each of K complementary mask sets (the visible patches
+    only, as in pretraining; `anomaly_maps`'s sets)."""
+    model.eval()
+    noise, ratio = complementary_noise(model.num_patches, masks, seed)
+    per_set = []
+    for k in range(masks):
+
+        def visible_mean(b: torch.Tensor, k: int = k) -> torch.Tensor:
+            latent, _ = model.forward_encoder(b, ratio, noise[k].expand(len(b), -1))
+            return latent[:, model.encoder.num_prefix_tokens :].mean(1)
+
+        per_set.append(in_batches(visible_mean, x, BATCH))
+    return torch.stack(per_set).double()
+
+
+def masked_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int) -> dict:
+    """The Gaussian on features of masked images, as the encoder saw them in pretraining: K sets' features averaged,
+    or each set's distance (to a Gaussian fitted on every set's features) averaged."""
+    out = {}
+    for masks in MASK_SETS:
+        fit, val = masked_features(model, fit_x, masks, seed), masked_features(model, val_x, masks, seed)
+        out[f"{masks} mask sets, features averaged"] = gaussian_distance(fit.mean(0), val.mean(0), STUDY)
+        pooled = fit.flatten(0, 1)
+        out[f"{masks} mask sets, distances averaged"] = torch.stack(
+            [gaussian_distance(pooled, v, STUDY) for v in val]
+        ).mean(0)
+    return out
+
+
 def recon_mean(model, x: torch.Tensor, seed: int) -> torch.Tensor:
-    maps = torch.cat([anomaly_maps(model, x[i : i + BATCH], masks=4, seed=seed)[0] for i in range(0, len(x), BATCH)])
+    maps = in_batches(lambda b: anomaly_maps(model, b, masks=4, seed=seed)[0], x, BATCH)
     return aggregate(maps, "mean").double()
 
 
@@ -111,6 +145,7 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
     knn_val, knn_fit = knn_distance(fit, val, K).double(), knn_distance(fit, fit, K + 1).double() * (K + 1) / K
     for w in FUSE_KNN:
         out[f"+ {w:g} x k-NN"] = standardised(study_fit, study) + w * standardised(knn_fit, knn_val)
+    out |= masked_levers(model, fit_x, val_x, seed)
     if recon:
         recon_val, recon_fit = recon_mean(model, val_x, seed), recon_mean(model, fit_x, seed)
         for w in FUSE_RECON:

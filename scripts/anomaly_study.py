@@ -2,8 +2,9 @@
 6,000 training images only (recipes/anomaly/fashion_mnist_one_class.yaml), score all 10,000 test images, and
 report the AUROC with that class as normal; mean over classes, per seed. Side by side on the same split: the
 MAE's reconstruction score under every aggregate, and its encoder features' k-NN distance and Gaussian
-(Mahalanobis) distance; the same two feature scores from a random-init model of the same architecture; and on
-raw pixels the k-NN distance, the Gaussian distance and PCA reconstruction error.
+(Mahalanobis) distance, on the whole image and on its masked views (`mae anomaly --features masked`); the same
+feature scores from a random-init model of the same architecture; and on raw pixels the k-NN distance, the
+Gaussian distance and PCA reconstruction error.
 
 No choice is made on test images: a tenth of the class's training images (seeded) is held out of pretraining
 and of every method's fit, and with as many images of the other classes' training images per normal one as
@@ -63,6 +64,7 @@ K = 5  # neighbours of the k-NN scores
 VAL_FRACTION = 0.1  # of the normal class's training images, held out of pretraining for choosing the aggregate
 VAL_ANOMALIES_PER_NORMAL = 9  # as in the test set: 9,000 images of other classes beside 1,000 normal ones
 PCA_COMPONENTS = 32
+FEATURES = {"features": 0, "masked features": 4}  # `encoder_features`' masks: the whole image; the maps' 4 sets
 
 
 def load_split(source: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -84,19 +86,25 @@ def as_input(images: np.ndarray, mean, std) -> torch.Tensor:
     return (x - mean[0]) / std[0]
 
 
+def in_batches(fn, x: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """`fn` over `x` a batch at a time (10,000 test images at once would not fit in memory), concatenated."""
+    return torch.cat([fn(x[i : i + batch]) for i in range(0, len(x), batch)])
+
+
 @torch.no_grad()
 def model_scores(model, bank_x: torch.Tensor, query_x: torch.Tensor, seed: int, maps: bool, batch: int = 500) -> dict:
-    """The feature scores of `query_x` against `bank_x` (k-NN; Gaussian at each shrinkage) and, with `maps`, the
-    reconstruction score under every aggregate."""
+    """The feature scores of `query_x` against `bank_x` (k-NN; Gaussian at each shrinkage), on the whole images'
+    features and on their masked views', and, with `maps`, the reconstruction score under every aggregate."""
     model.eval()
     scores = {}
     if maps:
-        error = torch.cat([anomaly_maps(model, query_x[i : i + batch], masks=4, seed=seed)[0]
-                           for i in range(0, len(query_x), batch)])  # fmt: skip
+        error = in_batches(lambda x: anomaly_maps(model, x, masks=4, seed=seed)[0], query_x, batch)
         scores = {f"recon{SETTING}{name}": aggregate(error, how, top) for name, (how, top) in AGGREGATES.items()}
-    bank = torch.cat([encoder_features(model, bank_x[i : i + batch]) for i in range(0, len(bank_x), batch)])
-    query = torch.cat([encoder_features(model, query_x[i : i + batch]) for i in range(0, len(query_x), batch)])
-    return scores | feature_scores(bank, query, "features")
+    for what, masks in FEATURES.items():
+        bank = in_batches(lambda x, m=masks: encoder_features(model, x, m, seed), bank_x, batch)
+        query = in_batches(lambda x, m=masks: encoder_features(model, x, m, seed), query_x, batch)
+        scores |= feature_scores(bank, query, what)
+    return scores
 
 
 def feature_scores(bank: torch.Tensor, query: torch.Tensor, what: str) -> dict:
@@ -221,7 +229,10 @@ def main() -> None:
         where = f"--keep {args.keep}" if args.keep else f"--output {args.output}"
         sys.exit(f"{where}: its runs were pretrained for different epochs ({sorted(map(str, epochs))}): "
                  "keep one protocol per folder")  # fmt: skip
-    methods = list(next(iter(results.values()))["test"])
+    methods = [m for m in next(iter(results.values()))["test"] if all(m in r["test"] for r in results.values())]
+    missing = sorted({m for r in results.values() for m in r["test"]} - set(methods))
+    if missing:  # kept scores from before a method was added: the study is judged on those every run has
+        print(f"not in every run's scores, left out of the summary: {', '.join(missing)}", file=sys.stderr)
     summary: dict = {}
     for part in ("val", "test"):
         summary[part] = {f"seed {s}": {m: float(np.mean([results[f"{c}/{s}"][part][m] for c in args.classes]))

@@ -116,9 +116,15 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
         args += ["--seeds", *map(str, seeds), "--classes", *map(str, classes)]
         return subprocess.run([sys.executable, str(study), *args], capture_output=True, text=True)
 
+    newer = kept_run(0.94, 30)  # scored after a method was added: the summary keeps the methods every run has
+    newer["test"]["mae gaussian masked features @ 0.001"] = 0.99  # (val and test: one dict)
+    (keep / "class0_seed0.json").write_text(json.dumps(newer))
     proc = run(0, 1)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "results.json").exists() and not (keep / "results.json").exists()
+    assert "left out of the summary: mae gaussian masked features @ 0.001" in proc.stderr
+    summary = json.loads((tmp_path / "out" / "results.json").read_text())["summary"]
+    assert "mae gaussian masked features @ 0.001" not in summary["test"]["seed 0"]
     proc = run(*range(10))  # one seed
     assert proc.returncode == 0, proc.stderr
     assert not (keep / "results.json").exists()
@@ -227,7 +233,8 @@ def test_anomaly_levers_score_as_the_study_does():
     levers = anomaly_levers.scoring_levers(model, fit, val, seed=0, recon=True)
     study = gaussian_distance(encoder_features(model, fit), encoder_features(model, val), 1e-3)
     torch.testing.assert_close(levers["last block, shrinkage 0.001"].float(), study, rtol=1e-4, atol=1e-4)
-    assert {"block 1, shrinkage 0.1", "blocks 2-3, shrinkage 0.01", "CLS token", "+ 0.5 x k-NN"} <= set(levers)
+    expected = {"block 1, shrinkage 0.1", "blocks 2-3, shrinkage 0.01", "CLS token", "+ 0.5 x k-NN"}
+    assert expected | {"4 mask sets, features averaged", "2 mask sets, distances averaged"} <= set(levers)
     assert all(v.shape == (30,) and bool(torch.isfinite(v).all()) for v in levers.values())
     assert "+ 1 x reconstruction" in levers
     assert not any("reconstruction" in k for k in anomaly_levers.scoring_levers(model, fit, val, 0, recon=False))
@@ -248,3 +255,48 @@ def test_anomaly_levers_bad_input(tmp_path, args, error):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert error in proc.stderr
+
+
+def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch, capsys):
+    """scripts/anomaly_levers.py --variant: pretrained once per class into OUTPUT/variants/NAME (a rerun scores the
+    kept run), then scored beside the study's run; --scoring false measures nothing else; an override that
+    `mae.pretrain` refuses ends the run with one line naming the variant."""
+    from accelerate.state import AcceleratorState
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import anomaly_levers
+
+    import mae
+    from mae.run_folder import run_config
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "idx"
+    src.mkdir()
+    write_idx(src / "train-images-idx3-ubyte", rng.integers(0, 256, (200, 28, 28)), gz=False)
+    write_idx(src / "train-labels-idx1-ubyte", np.arange(200) % 10, gz=False)
+    tiny = {"model": {"embed_dim": 16, "depth": 1, "num_heads": 1, "decoder_embed_dim": 16, "decoder_depth": 1,
+                      "decoder_num_heads": 1},
+            "loop": {"epochs": 1, "batch_size": 6}}  # fmt: skip
+    folder = anomaly_levers.write_class_folder(rng.integers(0, 256, (12, 28, 28), dtype=np.uint8), tmp_path / "c3")
+    AcceleratorState._reset_state(True)
+    mae.pretrain(config=str(anomaly_levers.RECIPE), data={"path": str(folder)}, seed=1,
+                 output_dir=str(tmp_path / "runs" / "class3_seed1"), **tiny)  # fmt: skip
+
+    def levers(*args: str) -> dict:
+        argv = ["anomaly_levers.py", "--source", str(src), "--output", str(tmp_path / "runs"), "--classes", "3"]
+        monkeypatch.setattr(sys, "argv", [*argv, "--scoring", "false", *args])
+        AcceleratorState._reset_state(True)
+        anomaly_levers.main()
+        return json.loads((tmp_path / "runs" / "levers_seed1.json").read_text())["val"]
+
+    variant = tmp_path / "runs" / "variants" / "tiny" / "class3_seed1"
+    rows = levers("--variant", "tiny=" + json.dumps(tiny))
+    assert list(rows) == ["recipe: tiny"] and set(rows["recipe: tiny"]) == {"mae", "study's recipe"}
+    assert all(0 <= v[0] <= 1 for v in rows["recipe: tiny"].values())
+    assert run_config(variant)["model"]["embed_dim"] == 16
+    made = (variant / "encoder.safetensors").stat().st_mtime_ns
+    assert levers("--variant", "tiny=" + json.dumps(tiny)) == rows  # the kept run, scored again
+    assert (variant / "encoder.safetensors").stat().st_mtime_ns == made
+    with pytest.raises(SystemExit) as exit_:
+        levers("--variant", 'bad={"model": {"mask_ratio": 2}}')
+    assert str(exit_.value.code).startswith("--variant bad: ") and "\n" not in str(exit_.value.code)
