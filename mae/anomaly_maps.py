@@ -139,13 +139,20 @@ def encoder_features(model: MaskedAutoencoder, images: torch.Tensor, masks: int 
     """[N, C, H, W] -> [N, D]: the encoder's patch tokens, averaged. `masks` 0: the whole image at once; K >= 2: the
     image as the encoder saw it in pretraining, the visible patches of each of K complementary mask sets (the maps'
     sets, from `seed`) at a time, their token means averaged over the sets."""
-    prefix = model.encoder.num_prefix_tokens
     if not masks:
-        return model.encoder.forward_features(images)[:, prefix:].mean(1).float()
+        return model.encoder.forward_features(images)[:, model.encoder.num_prefix_tokens :].mean(1).float()
+    return masked_view_features(model, images, masks, seed).mean(0)
+
+
+@torch.no_grad()
+def masked_view_features(model: MaskedAutoencoder, images: torch.Tensor, masks: int, seed: int = 0) -> torch.Tensor:
+    """[N, C, H, W] -> [K, N, D]: for each of K complementary mask sets (the maps' sets, from `seed`), the encoder's
+    tokens of that set's visible patches, averaged."""
     noise, ratio = complementary_noise(model.num_patches, masks, seed)
+    prefix = model.encoder.num_prefix_tokens
     per_set = [model.forward_encoder(images, ratio, noise[k].to(images.device).expand(len(images), -1))[0]
                for k in range(masks)]  # fmt: skip
-    return torch.stack([latent[:, prefix:].float().mean(1) for latent in per_set]).mean(0)
+    return torch.stack([latent[:, prefix:].float().mean(1) for latent in per_set])
 
 
 def knn_distance(bank: torch.Tensor, query: torch.Tensor, k: int = 5, chunk: int = 1024) -> torch.Tensor:

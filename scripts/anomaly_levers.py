@@ -50,10 +50,10 @@ from mae.anomaly_maps import (  # noqa: E402
     aggregate,
     anomaly_maps,
     auroc,
-    complementary_noise,
     gaussian_distance,
     knn_distance,
     load_with_decoder,
+    masked_view_features,
 )
 from mae.run_folder import run_config  # noqa: E402
 
@@ -83,21 +83,11 @@ def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(means, 1).double(), torch.cat(cls).double()
 
 
-@torch.no_grad()
 def masked_features(model, x: torch.Tensor, masks: int, seed: int) -> torch.Tensor:
     """[K, N, D]: the patch-token mean of the encoder under each of K complementary mask sets (the visible patches
     only, as in pretraining; `anomaly_maps`'s sets)."""
     model.eval()
-    noise, ratio = complementary_noise(model.num_patches, masks, seed)
-    per_set = []
-    for k in range(masks):
-
-        def visible_mean(b: torch.Tensor, k: int = k) -> torch.Tensor:
-            latent, _ = model.forward_encoder(b, ratio, noise[k].expand(len(b), -1))
-            return latent[:, model.encoder.num_prefix_tokens :].mean(1)
-
-        per_set.append(in_batches(visible_mean, x, BATCH))
-    return torch.stack(per_set).double()
+    return in_batches(lambda b: masked_view_features(model, b, masks, seed), x, BATCH, dim=1).double()
 
 
 def masked_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int) -> dict:

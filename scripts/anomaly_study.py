@@ -86,9 +86,10 @@ def as_input(images: np.ndarray, mean, std) -> torch.Tensor:
     return (x - mean[0]) / std[0]
 
 
-def in_batches(fn, x: torch.Tensor, batch: int = 500) -> torch.Tensor:
-    """`fn` over `x` a batch at a time (10,000 test images at once would not fit in memory), concatenated."""
-    return torch.cat([fn(x[i : i + batch]) for i in range(0, len(x), batch)])
+def in_batches(fn, x: torch.Tensor, batch: int = 500, dim: int = 0) -> torch.Tensor:
+    """`fn` over `x` a batch at a time (10,000 test images at once would not fit in memory), concatenated along
+    `fn`'s image dimension `dim`."""
+    return torch.cat([fn(x[i : i + batch]) for i in range(0, len(x), batch)], dim)
 
 
 @torch.no_grad()

@@ -257,7 +257,7 @@ def test_anomaly_levers_bad_input(tmp_path, args, error):
     assert error in proc.stderr
 
 
-def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch, capsys):
+def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch):
     """scripts/anomaly_levers.py --variant: pretrained once per class into OUTPUT/variants/NAME (a rerun scores the
     kept run), then scored beside the study's run; --scoring false measures nothing else; an override that
     `mae.pretrain` refuses ends the run with one line naming the variant."""
