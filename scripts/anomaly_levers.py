@@ -7,7 +7,8 @@ the Gaussian's shrinkage below the study's grid; the features of each encoder bl
 concatenated; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance or (the MAE
 only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread over the
 fit images. Recipe levers (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE
-pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the study's.
+pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the study's and
+beside a random-init model of the variant's architecture (its own baseline, where the change is architectural).
 
     python scripts/anomaly_study.py --output runs/anomaly_study --seeds 1               # the runs, if not there
     python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1                # scoring levers
@@ -16,7 +17,7 @@ pretrained with the change on the same images and seed, scored with the study's 
 
 Writes OUTPUT/levers_seed{S}.json: {lever: {"mae": [val AUROC per class], "random-init": [...]}}, and prints each
 lever's means and its margin: the MAE's minus the random-init model's, the same lever on both; for a recipe lever,
-the variant's minus the study recipe's MAE.
+also the variant's MAE minus the study recipe's.
 
 Public API only: `mae.pretrain`, `mae.anomaly_maps`, and the timm encoder's blocks.
 """
@@ -64,6 +65,7 @@ FUSE_RECON = (0.1, 0.25, 0.5, 1.0)
 K = 5
 BATCH = 500
 MASK_SETS = (2, 4)  # complementary sets: the encoder sees half, or a quarter (pretraining's 75% mask)
+VARIANT_MASKS = {0: "", 4: ", masked views"}  # a recipe lever's Gaussian, on either of the study's features
 
 
 @torch.no_grad()
@@ -143,10 +145,16 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
     return out
 
 
-def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray) -> torch.Tensor:
+def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray, model=None, masks: int = 0) -> torch.Tensor:
+    """The study's Gaussian score of the run's MAE (or of `model`, e.g. its random-init twin), on the run's
+    normalisation: on the whole image's features, or with `masks` on its masked views' (`--features masked`)."""
     stats = run_config(run)["data"]
-    model = load_with_decoder(run)
-    features = [block_features(model, as_input(x, stats["mean"], stats["std"]))[0][-1] for x in (fit, val)]
+    model = model or load_with_decoder(run)
+    seed = run_config(run)["seed"]
+    features = [
+        masked_features(model, x, masks, seed).mean(0) if masks else block_features(model, x)[0][-1]
+        for x in (as_input(v, stats["mean"], stats["std"]) for v in (fit, val))
+    ]
     return gaussian_distance(*features, STUDY)
 
 
@@ -182,7 +190,7 @@ def main() -> None:
         run = args.output / f"class{c}_seed{args.seed}"
         fit, val_x, anomalous = split(train_x, train_y, c, args.seed)
         if variants:  # first: a bad override ends the run before any scoring is lost
-            study = auroc(study_gaussian(run, fit, val_x).numpy(), anomalous)
+            study = {m: auroc(study_gaussian(run, fit, val_x, masks=m).numpy(), anomalous) for m in VARIANT_MASKS}
             folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
         for name, overrides in variants.items():
             vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
@@ -192,9 +200,14 @@ def main() -> None:
                                  seed=args.seed, **overrides)  # fmt: skip
                 except mae.MaeError as e:
                     sys.exit(f"--variant {name}: {e}")
-            rows.setdefault(f"recipe: {name}", {}).setdefault("mae", []).append(
-                auroc(study_gaussian(vrun, fit, val_x).numpy(), anomalous))  # fmt: skip
-            rows.setdefault(f"recipe: {name}", {}).setdefault("study's recipe", []).append(study)
+            # beside the variant's own baseline: its architecture, fresh weights (the study's, where it keeps that)
+            twin = random_like(vrun, args.seed)
+            for masks, features in VARIANT_MASKS.items():
+                row = rows.setdefault(f"recipe: {name}{features}", {})
+                for who, model in (("mae", None), ("random-init", twin)):
+                    scores = study_gaussian(vrun, fit, val_x, model, masks).numpy()
+                    row.setdefault(who, []).append(auroc(scores, anomalous))
+                row.setdefault("study's recipe", []).append(study[masks])
         if args.scoring:
             stats = run_config(run)["data"]
             fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))
@@ -207,8 +220,10 @@ def main() -> None:
     for lever, by_model in rows.items():
         means = {m: 100 * float(np.mean(v)) for m, v in by_model.items()}
         cells = "  ".join(f"{m} {v:.2f}" for m, v in means.items())
-        other = [v for m, v in means.items() if m != "mae"]
-        margin = f"  margin {means['mae'] - other[0]:+.2f}" if other else ""
+        margin = f"  margin {means['mae'] - means['random-init']:+.2f}" if "random-init" in means else ""
+        if "study's recipe" in means:
+            gain = means["mae"] - means["study's recipe"]
+            margin += f"  vs the study's recipe {gain:+.2f}"
         print(f"  {lever:36s} {cells}{margin}")
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -205,8 +204,8 @@ def choose(summary: dict) -> dict:
 
 def random_like(run: Path, seed: int):
     """The run's architecture with fresh weights (seeded): what the pretraining adds over none."""
-    cfg = yaml.safe_load(RECIPE.read_text())["model"]
-    kwargs = {k: v for k, v in cfg.items() if k not in ("name", "masking")}
+    cfg = run_config(run)["model"]  # the run's, so that a recipe lever changing the architecture changes it here too
+    kwargs = {k: v for k, v in cfg.items() if k not in ("name", "masking", "grad_checkpointing") and v is not None}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return mae.create_mae(cfg["name"], **kwargs)

@@ -259,14 +259,16 @@ def test_anomaly_levers_bad_input(tmp_path, args, error):
 
 def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch):
     """scripts/anomaly_levers.py --variant: pretrained once per class into OUTPUT/variants/NAME (a rerun scores the
-    kept run), then scored beside the study's run; --scoring false measures nothing else; an override that
-    `mae.pretrain` refuses ends the run with one line naming the variant."""
+    kept run), then scored, on whole images and on masked views, beside the study's run and a random-init model of
+    the variant's own architecture; --scoring false measures nothing else; an override that `mae.pretrain` refuses
+    ends the run with one line naming the variant."""
     from accelerate.state import AcceleratorState
 
     sys.path.insert(0, str(SCRIPT.parent))
     import anomaly_levers
 
     import mae
+    from mae.anomaly_maps import load_with_decoder
     from mae.run_folder import run_config
 
     rng = np.random.default_rng(0)
@@ -289,13 +291,17 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
         anomaly_levers.main()
         return json.loads((tmp_path / "runs" / "levers_seed1.json").read_text())["val"]
 
-    variant = tmp_path / "runs" / "variants" / "tiny" / "class3_seed1"
-    rows = levers("--variant", "tiny=" + json.dumps(tiny))
-    assert list(rows) == ["recipe: tiny"] and set(rows["recipe: tiny"]) == {"mae", "study's recipe"}
-    assert all(0 <= v[0] <= 1 for v in rows["recipe: tiny"].values())
-    assert run_config(variant)["model"]["embed_dim"] == 16
+    variant = tmp_path / "runs" / "variants" / "narrow" / "class3_seed1"
+    narrow = {**tiny, "model": {**tiny["model"], "embed_dim": 8}}  # an architectural lever
+    rows = levers("--variant", "narrow=" + json.dumps(narrow))
+    assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views"]
+    for row in rows.values():
+        assert set(row) == {"mae", "random-init", "study's recipe"} and all(0 <= v[0] <= 1 for v in row.values())
+    assert run_config(variant)["model"]["embed_dim"] == 8
+    twin, trained = anomaly_levers.random_like(variant, 1), load_with_decoder(variant)
+    assert {k: v.shape for k, v in twin.state_dict().items()} == {k: v.shape for k, v in trained.state_dict().items()}
     made = (variant / "encoder.safetensors").stat().st_mtime_ns
-    assert levers("--variant", "tiny=" + json.dumps(tiny)) == rows  # the kept run, scored again
+    assert levers("--variant", "narrow=" + json.dumps(narrow)) == rows  # the kept run, scored again
     assert (variant / "encoder.safetensors").stat().st_mtime_ns == made
     with pytest.raises(SystemExit) as exit_:
         levers("--variant", 'bad={"model": {"mask_ratio": 2}}')
