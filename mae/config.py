@@ -675,9 +675,10 @@ class AnomalyConfig(PretrainedConfig, RunConfig):
     (docs/anomaly.md: which when)."""
     masks: int = ranged(4, ge=2)
     """Complementary mask sets per image: each masks 1 - 1/K of the patches, every patch masked K - 1 times."""
-    features: Literal["full", "masked"] = "full"
-    """--score knn/gaussian/both/all: the encoder's patch tokens averaged over the whole image (full), or over the
-    visible patches of each of the --masks sets, as in pretraining, then over the sets (masked)."""
+    features: Literal["masked", "full"] = "masked"
+    """--score knn/gaussian/both/all: the encoder's patch tokens averaged over the visible patches of each of the
+    --masks sets, as in pretraining, then over the sets (masked: better for an MAE on one-class Fashion-MNIST), or
+    over the whole image (full: for an encoder not pretrained by masking)."""
     aggregate: Literal["topk_mean", "mean", "max"] = "topk_mean"
     """An image's reconstruction score from its map: the mean of its top --top_percent pixels, the mean, or the max."""
     top_percent: float = ranged(1.0, gt=0, le=100)
