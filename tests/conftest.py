@@ -1,5 +1,14 @@
+import os
+
 import pytest
 import torch
+
+# Under `pytest -n N` (pytest-xdist) each worker gets its share of the cores, and so do the processes its tests start
+# (torchrun, `mae` subprocesses): N workers at torch's default of one thread per core would oversubscribe the cores.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 
 def pytest_collection_modifyitems(config, items):
