@@ -148,9 +148,9 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
 def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray, model=None, masks: int = 0) -> torch.Tensor:
     """The study's Gaussian score of the run's MAE (or of `model`, e.g. its random-init twin), on the run's
     normalisation: on the whole image's features, or with `masks` on its masked views' (`--features masked`)."""
-    stats = run_config(run)["data"]
-    model = model or load_with_decoder(run)
-    seed = run_config(run)["seed"]
+    cfg = run_config(run)
+    stats, seed = cfg["data"], cfg["seed"]
+    model = load_with_decoder(run) if model is None else model
     features = [
         masked_features(model, x, masks, seed).mean(0) if masks else block_features(model, x)[0][-1]
         for x in (as_input(v, stats["mean"], stats["std"]) for v in (fit, val))
@@ -190,7 +190,8 @@ def main() -> None:
         run = args.output / f"class{c}_seed{args.seed}"
         fit, val_x, anomalous = split(train_x, train_y, c, args.seed)
         if variants:  # first: a bad override ends the run before any scoring is lost
-            study = {m: auroc(study_gaussian(run, fit, val_x, masks=m).numpy(), anomalous) for m in VARIANT_MASKS}
+            study_mae = load_with_decoder(run)
+            study = {m: auroc(study_gaussian(run, fit, val_x, study_mae, m).numpy(), anomalous) for m in VARIANT_MASKS}
             folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
         for name, overrides in variants.items():
             vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
@@ -201,10 +202,10 @@ def main() -> None:
                 except mae.MaeError as e:
                     sys.exit(f"--variant {name}: {e}")
             # beside the variant's own baseline: its architecture, fresh weights (the study's, where it keeps that)
-            twin = random_like(vrun, args.seed)
+            pair = (("mae", load_with_decoder(vrun)), ("random-init", random_like(vrun, args.seed)))
             for masks, features in VARIANT_MASKS.items():
                 row = rows.setdefault(f"recipe: {name}{features}", {})
-                for who, model in (("mae", None), ("random-init", twin)):
+                for who, model in pair:
                     scores = study_gaussian(vrun, fit, val_x, model, masks).numpy()
                     row.setdefault(who, []).append(auroc(scores, anomalous))
                 row.setdefault("study's recipe", []).append(study[masks])

@@ -132,14 +132,14 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
 
 @pytest.mark.parametrize(
     ("score", "columns", "features"),
-    [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], "masked"),
-     ("both", ["recon", "knn"], "full"), ("all", ["recon", "knn", "gaussian"], "full")],
+    [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], None),
+     ("both", ["recon", "knn"], "full"), ("all", ["recon", "knn", "gaussian"], None)],
 )  # fmt: skip
 def test_feature_scores(tmp_path, trained, mvtec, score, columns, features):
     """--score knn / gaussian / both / all: the columns of scores.csv and metrics.json, in the order the first of
     which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features (of the
-    whole image, or with --features masked of its --masks masked views), at the default --shrinkage (gaussian) and
-    at another (all)."""
+    whole image, or with --features masked, the default (None: left out), of its --masks masked views), at the
+    default --shrinkage (gaussian) and at another (all)."""
     root, _ = mvtec
     train = tmp_path / "train"
     train.mkdir()
@@ -147,9 +147,11 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns, features):
         Image.fromarray(img).save(train / f"{i}.png")
     out = tmp_path / score
     options = {"shrinkage": 10.0} if score == "all" else {}
+    options |= {"features": features} if features else {}
+    features = features or "masked"
     result = api_run("anomaly", pretrained=str(trained), data={"path": str(root / "test"), "num_workers": 0},
                      train_path=str(train), score=score, save_maps=False, output_dir=str(out),
-                     loop={"mixed_precision": "no"}, features=features, **options)  # fmt: skip
+                     loop={"mixed_precision": "no"}, **options)  # fmt: skip
     assert {f"{c}_{m}" for c in columns for m in ("auroc", "aupr")} <= set(result.metrics)
     assert result.metrics["auroc"] == result.metrics[f"{columns[0]}_auroc"]
     rows = list(csv.DictReader((out / "scores.csv").open()))
