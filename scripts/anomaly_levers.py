@@ -65,7 +65,8 @@ FUSE_RECON = (0.1, 0.25, 0.5, 1.0)
 K = 5
 BATCH = 500
 MASK_SETS = (2, 4)  # complementary sets: the encoder sees half, or a quarter (pretraining's 75% mask)
-VARIANT_MASKS = {0: "", 4: ", masked views"}  # a recipe lever's Gaussian, on either of the study's features
+VARIANT_MASKS = {0: "", 2: ", masked views (2 sets)", 4: ", masked views"}  # a recipe lever's Gaussian: whole images,
+# half the patches visible at a time (a 50% mask's view) or a quarter (the study's)
 
 
 @torch.no_grad()

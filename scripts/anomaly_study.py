@@ -15,11 +15,14 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
     apt-get install -y dataset-fashion-mnist          # IDX files in /usr/share/datasets/fashion-mnist/
     python scripts/anomaly_study.py --output runs/anomaly_study                      # the full protocol
     python scripts/anomaly_study.py --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
+    python scripts/anomaly_study.py --output runs/anomaly_e128 --keep docs/results/anomaly_study_e128e40 \
+        --override '{"model": {"embed_dim": 128, "num_heads": 4}, "loop": {"epochs": 40}}'   # a recipe lever
 
 With `--keep docs/results/anomaly_study`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
 too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes and seeds 0
-and 1 writes its `results.json` there too.
+and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol) is recorded with each
+run's scores; runs of different recipes or epochs are never summarised together.
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -156,8 +159,7 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{seed}")
     if not (run / "encoder.safetensors").exists():
         t = time.time()
-        overrides = {"loop": {"epochs": args.epochs}} if args.epochs else {}
-        mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **overrides)
+        mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **args.override)
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study
     minutes = float((run / "pretrain_minutes").read_text())
     config = run_config(run)
@@ -169,6 +171,8 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed, name == "mae").items()})
     scores.update(baselines(fit, query))
     result: dict = {"pretrain minutes": minutes, "epochs": config["loop"]["epochs"], "cpu": cpu()}
+    if args.override:
+        result["override"] = args.override
     for part, (rows, anomalous) in parts.items():
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
     print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
@@ -221,14 +225,27 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None,
                         help="also keep each class and seed's scores here, and take them from here when present: a "
                         "study spread over machines (docs/results/anomaly_study holds the documented one)")  # fmt: skip
+    parser.add_argument("--override", default="{}", metavar="JSON",
+                        help="a change of the recipe, as mae.pretrain takes it (a recipe lever measured on the whole "
+                        "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip
     args = parser.parse_args()
+    try:
+        args.override = json.loads(args.override)
+        if not isinstance(args.override, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        parser.exit(2, f"--override {args.override!r}: {e}; give a JSON object of recipe sections, e.g. "
+                    '\'{"loop": {"epochs": 40}}\'\n')  # fmt: skip
+    if args.epochs:
+        args.override.setdefault("loop", {})["epochs"] = args.epochs
     data: dict = {}
     results = {f"{c}/{s}": one_class(args, c, s, data) for s in args.seeds for c in args.classes}
     epochs = {r.get("epochs") for r in results.values()}
-    if len(epochs) > 1:
+    recipes = {json.dumps(r.get("override", {}), sort_keys=True) for r in results.values()}
+    if len(epochs) > 1 or len(recipes) > 1:
         where = f"--keep {args.keep}" if args.keep else f"--output {args.output}"
-        sys.exit(f"{where}: its runs were pretrained for different epochs ({sorted(map(str, epochs))}): "
-                 "keep one protocol per folder")  # fmt: skip
+        what = f"epochs ({sorted(map(str, epochs))})" if len(epochs) > 1 else f"recipes ({sorted(recipes)})"
+        sys.exit(f"{where}: its runs were pretrained for different {what}: keep one protocol per folder")
     methods = [m for m in next(iter(results.values()))["test"] if all(m in r["test"] for r in results.values())]
     missing = sorted({m for r in results.values() for m in r["test"]} - set(methods))
     if missing:  # kept scores from before a method was added: the study is judged on those every run has
@@ -240,7 +257,8 @@ def main() -> None:
         summary[part]["mean over seeds"] = {m: float(np.mean([v[m] for v in summary[part].values()])) for m in methods}
     chosen = choose(summary)
     protocol = {"classes": args.classes, "seeds": args.seeds, "epochs": epochs.pop(),
-                "val_fraction": VAL_FRACTION, "val_anomalies_per_normal": VAL_ANOMALIES_PER_NORMAL}  # fmt: skip
+                "override": json.loads(recipes.pop()), "val_fraction": VAL_FRACTION,
+                "val_anomalies_per_normal": VAL_ANOMALIES_PER_NORMAL}  # fmt: skip
     report = {"protocol": protocol, "per_run": results, "summary": summary, "chosen_on_val": chosen}
     # Only the whole protocol (every class, at least the default seeds) writes the kept study's summary: a run over
     # some classes or one seed would overwrite it with a part of it.

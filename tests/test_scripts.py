@@ -141,6 +141,14 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     assert proc.returncode == 1 and "different epochs" in proc.stderr and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"--keep {keep}:")
 
+    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"override": {"model": {"depth": 4}}}))
+    proc = run(*range(10))  # a recipe lever's runs (--override) are not mixed with the recipe's either
+    assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
+    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30)))
+    for bad in ("[1]", "{depth: 4}"):
+        proc = subprocess.run([sys.executable, str(study), "--override", bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith("--override") and proc.stderr.count("\n") == 1
+
     # Without --keep (the default), the run folders' own scores resume the study, and the same refusal names them.
     for c, epochs in ((0, 30), (1, 40)):
         (tmp_path / "out" / f"class{c}_seed0").mkdir(parents=True)
@@ -294,7 +302,7 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
     variant = tmp_path / "runs" / "variants" / "narrow" / "class3_seed1"
     narrow = {**tiny, "model": {**tiny["model"], "embed_dim": 8}}  # an architectural lever
     rows = levers("--variant", "narrow=" + json.dumps(narrow))
-    assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views"]
+    assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views (2 sets)", "recipe: narrow, masked views"]
     for row in rows.values():
         assert set(row) == {"mae", "random-init", "study's recipe"} and all(0 <= v[0] <= 1 for v in row.values())
     assert run_config(variant)["model"]["embed_dim"] == 8
