@@ -159,7 +159,12 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{seed}")
     if not (run / "encoder.safetensors").exists():
         t = time.time()
-        mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **args.override)
+        try:
+            mae.pretrain(
+                config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **args.override
+            )
+        except mae.MaeError as e:  # e.g. an --override the recipe's options refuse: one line, nothing scored
+            sys.exit(f"--override {json.dumps(args.override)}: {e}" if args.override else str(e))
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study
     minutes = float((run / "pretrain_minutes").read_text())
     config = run_config(run)

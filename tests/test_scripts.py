@@ -100,6 +100,22 @@ def kept_run(mae_val: float, epochs: int) -> dict:
     return {"pretrain minutes": 9.0, "epochs": epochs, "cpu": "a CPU", "val": aurocs, "test": aurocs}
 
 
+def test_anomaly_study_override_the_recipe_refuses_ends_with_one_line(tmp_path):
+    """scripts/anomaly_study.py --override that `mae.pretrain` refuses: the run ends with one line naming it."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import argparse
+
+    import anomaly_study
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 255, (40, 28, 28), dtype=np.uint8), np.arange(40) % 10
+    args = argparse.Namespace(output=tmp_path / "out", keep=None, override={"model": {"mask_ratio": 2}})
+    with pytest.raises(SystemExit) as exit_:
+        anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
+    message = str(exit_.value.code)
+    assert message.startswith('--override {"model": {"mask_ratio": 2}}: ') and "\n" not in message
+
+
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
     empty); a run over all 10 classes and both seeds writes the study's results.json beside them, a run over some
