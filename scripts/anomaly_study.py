@@ -21,8 +21,8 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
 With `--keep DIR`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
 too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes and seeds 0
-and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol) is recorded with each
-run's scores; runs of different recipes or epochs are never summarised together.
+and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol) and the model's settings
+are recorded with each run's scores; runs of different recipes or epochs are never summarised together.
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -175,7 +175,14 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     for name, m in (("mae", model), ("random-init", random_like(run, seed))):  # a random decoder's maps: noise
         scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed, name == "mae").items()})
     scores.update(baselines(fit, query))
-    result: dict = {"pretrain minutes": minutes, "epochs": config["loop"]["epochs"], "cpu": cpu()}
+    # The model's settings as pretrained (recipe and override together): runs of a recipe file edited between them
+    # are told apart though their overrides agree.
+    result: dict = {
+        "pretrain minutes": minutes,
+        "epochs": config["loop"]["epochs"],
+        "model": config["model"],
+        "cpu": cpu(),
+    }
     if args.override:
         result["override"] = args.override
     for part, (rows, anomalous) in parts.items():
@@ -246,7 +253,9 @@ def main() -> None:
     data: dict = {}
     results = {f"{c}/{s}": one_class(args, c, s, data) for s in args.seeds for c in args.classes}
     epochs = {r.get("epochs") for r in results.values()}
-    recipes = {json.dumps(r.get("override", {}), sort_keys=True) for r in results.values()}
+    # A recipe: the override and the model's settings (runs kept before these were recorded have none).
+    recipes = {json.dumps({"override": r.get("override", {}), "model": r.get("model")}, sort_keys=True)
+               for r in results.values()}  # fmt: skip
     if len(epochs) > 1 or len(recipes) > 1:
         where = f"--keep {args.keep}" if args.keep else f"--output {args.output}"
         what = f"epochs ({sorted(map(str, epochs))})" if len(epochs) > 1 else f"recipes ({sorted(recipes)})"
@@ -262,7 +271,7 @@ def main() -> None:
         summary[part]["mean over seeds"] = {m: float(np.mean([v[m] for v in summary[part].values()])) for m in methods}
     chosen = choose(summary)
     protocol = {"classes": args.classes, "seeds": args.seeds, "epochs": epochs.pop(),
-                "override": json.loads(recipes.pop()), "val_fraction": VAL_FRACTION,
+                **json.loads(recipes.pop()), "val_fraction": VAL_FRACTION,
                 "val_anomalies_per_normal": VAL_ANOMALIES_PER_NORMAL}  # fmt: skip
     report = {"protocol": protocol, "per_run": results, "summary": summary, "chosen_on_val": chosen}
     # Only the whole protocol (every class, at least the default seeds) writes the kept study's summary: a run over

@@ -160,6 +160,9 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"override": {"model": {"depth": 4}}}))
     proc = run(*range(10))  # a recipe lever's runs (--override) are not mixed with the recipe's either
     assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
+    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"model": {"embed_dim": 128}}))
+    proc = run(*range(10))  # nor runs of a recipe file whose model was edited (each run records its model)
+    assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30)))
     for bad in ("[1]", "{depth: 4}"):
         proc = subprocess.run([sys.executable, str(study), "--override", bad], capture_output=True, text=True)
