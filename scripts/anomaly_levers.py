@@ -41,6 +41,7 @@ from anomaly_study import (  # noqa: E402
     in_batches,
     load_split,
     random_like,
+    recipe_change,
     split,
     write_class_folder,
     write_whole,
@@ -174,10 +175,10 @@ def main() -> None:
     for v in args.variant:
         name, _, overrides = v.partition("=")
         try:
-            variants[name] = json.loads(overrides)
+            variants[name] = recipe_change(overrides)
         except ValueError as e:
             sys.exit(f"--variant {v}: not NAME=JSON ({e})")
-        if not isinstance(variants[name], dict):
+        except TypeError:
             sys.exit(f"--variant {v}: not NAME=JSON with a JSON object, e.g. " + '\'{"model": {"mask_ratio": 0.5}}\'')
     for c in args.classes:  # before anything runs
         run = args.output / f"class{c}_seed{args.seed}"

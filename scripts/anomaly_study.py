@@ -138,6 +138,15 @@ def split(train_x: np.ndarray, train_y: np.ndarray, c: int, seed: int) -> tuple[
     return train_x[np.sort(normal[held:])], train_x[val], np.r_[np.zeros(held, bool), np.ones(len(anomalies), bool)]
 
 
+def recipe_change(text: str) -> dict:
+    """A change of the recipe as `mae.pretrain` takes it, a JSON object of recipe sections (this script's --override,
+    anomaly_levers.py's --variant): ValueError if `text` is not JSON, TypeError if not an object."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
 def one_class(args, c: int, seed: int, data: dict) -> dict:
     """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m, "epochs": e, "cpu": ...} for class
     c as normal; kept in the run's `study_scores.json` (and in `--keep`), so a stopped study resumes at the class it
@@ -242,10 +251,8 @@ def main() -> None:
                         "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip
     args = parser.parse_args()
     try:
-        args.override = json.loads(args.override)
-        if not isinstance(args.override, dict):
-            raise ValueError("not an object")
-    except ValueError as e:
+        args.override = recipe_change(args.override)
+    except (ValueError, TypeError) as e:
         parser.exit(2, f"--override {args.override!r}: {e}; give a JSON object of recipe sections, e.g. "
                     '\'{"loop": {"epochs": 40}}\'\n')  # fmt: skip
     if args.epochs:
