@@ -35,11 +35,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from anomaly_study import (  # noqa: E402
     DEBIAN,
-    RECIPE,
     SHRINKAGES,
     as_input,
     in_batches,
     load_split,
+    pretrain_class,
     random_like,
     recipe_change,
     split,
@@ -199,8 +199,7 @@ def main() -> None:
             vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
             if not (vrun / "encoder.safetensors").exists():
                 try:
-                    mae.pretrain(config=str(RECIPE), data={"path": str(folder)}, output_dir=str(vrun),
-                                 seed=args.seed, **overrides)  # fmt: skip
+                    pretrain_class(folder, vrun, args.seed, overrides)
                 except mae.MaeError as e:
                     sys.exit(f"--variant {name}: {e}")
             # beside the variant's own baseline: its architecture, fresh weights (the study's, where it keeps that)

@@ -147,6 +147,23 @@ def recipe_change(text: str) -> dict:
     return value
 
 
+def pretrain_class(folder: Path, run: Path, seed: int, change: dict) -> None:
+    """`mae.pretrain` of the recipe with `change` (a recipe_change) on one class's folder into `run`: the change's
+    sections merged with what the study sets per class and seed (data.path, output_dir, seed), which it may not set;
+    mae.MaeError if it tries to, or if the recipe's options refuse it."""
+    data = change.get("data", {})
+    if not isinstance(data, dict):
+        raise mae.MaeError(
+            'data: not an object; give the data section\'s options as one, e.g. {"data": {"hflip": false}}'
+        )
+    taken = [k for k in ("output_dir", "seed") if k in change] + ["data.path"] * ("path" in data)
+    if taken:
+        raise mae.MaeError(f"sets {', '.join(taken)}, which the study sets for each class and seed; leave it out")
+    mae.pretrain(
+        config=str(RECIPE), output_dir=str(run), seed=seed, **{**change, "data": {**data, "path": str(folder)}}
+    )
+
+
 def one_class(args, c: int, seed: int, data: dict) -> dict:
     """{"val": {method: AUROC}, "test": {method: AUROC}, "pretrain minutes": m, "epochs": e, "cpu": ...} for class
     c as normal; kept in the run's `study_scores.json` (and in `--keep`), so a stopped study resumes at the class it
@@ -169,9 +186,7 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     if not (run / "encoder.safetensors").exists():
         t = time.time()
         try:
-            mae.pretrain(
-                config=str(RECIPE), data={"path": str(folder)}, output_dir=str(run), seed=seed, **args.override
-            )
+            pretrain_class(folder, run, seed, args.override)
         except mae.MaeError as e:  # e.g. an --override the recipe's options refuse: one line, nothing scored
             sys.exit(f"--override {json.dumps(args.override)}: {e}" if args.override else str(e))
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study

@@ -109,11 +109,17 @@ def test_anomaly_study_override_the_recipe_refuses_ends_with_one_line(tmp_path):
 
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 255, (40, 28, 28), dtype=np.uint8), np.arange(40) % 10
-    args = argparse.Namespace(output=tmp_path / "out", keep=None, override={"model": {"mask_ratio": 2}})
-    with pytest.raises(SystemExit) as exit_:
-        anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
-    message = str(exit_.value.code)
-    assert message.startswith('--override {"model": {"mask_ratio": 2}}: ') and "\n" not in message
+    for override, says in [
+        ({"model": {"mask_ratio": 2}}, ""),
+        ({"seed": 3}, "sets seed, which the study sets"),  # the study's own settings per class and seed
+        ({"data": {"path": "x"}, "output_dir": "y"}, "sets output_dir, data.path, which the study sets"),
+        ({"data": 5}, "data: not an object"),
+    ]:
+        args = argparse.Namespace(output=tmp_path / "out", keep=None, override=override)
+        with pytest.raises(SystemExit) as exit_:
+            anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
+        message = str(exit_.value.code)
+        assert message.startswith(f"--override {json.dumps(override)}: {says}") and "\n" not in message
 
 
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
@@ -294,7 +300,6 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
     sys.path.insert(0, str(SCRIPT.parent))
     import anomaly_levers
 
-    import mae
     from mae.anomaly_maps import load_with_decoder
     from mae.run_folder import run_config
 
@@ -308,8 +313,7 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
             "loop": {"epochs": 1, "batch_size": 6}}  # fmt: skip
     folder = anomaly_levers.write_class_folder(rng.integers(0, 256, (12, 28, 28), dtype=np.uint8), tmp_path / "c3")
     AcceleratorState._reset_state(True)
-    mae.pretrain(config=str(anomaly_levers.RECIPE), data={"path": str(folder)}, seed=1,
-                 output_dir=str(tmp_path / "runs" / "class3_seed1"), **tiny)  # fmt: skip
+    anomaly_levers.pretrain_class(folder, tmp_path / "runs" / "class3_seed1", 1, tiny)
 
     def levers(*args: str) -> dict:
         argv = ["anomaly_levers.py", "--source", str(src), "--output", str(tmp_path / "runs"), "--classes", "3"]
@@ -320,11 +324,13 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
 
     variant = tmp_path / "runs" / "variants" / "narrow" / "class3_seed1"
     narrow = {**tiny, "model": {**tiny["model"], "embed_dim": 8}}  # an architectural lever
+    narrow["data"] = {"crop_scale": [1.0, 1.0]}  # and a data one, merged with the class's folder
     rows = levers("--variant", "narrow=" + json.dumps(narrow))
     assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views (2 sets)", "recipe: narrow, masked views"]
     for row in rows.values():
         assert set(row) == {"mae", "random-init", "study's recipe"} and all(0 <= v[0] <= 1 for v in row.values())
-    assert run_config(variant)["model"]["embed_dim"] == 8
+    assert run_config(variant)["model"]["embed_dim"] == 8 and run_config(variant)["data"]["crop_scale"] == [1.0, 1.0]
+    assert Path(run_config(variant)["data"]["path"]) == tmp_path / "runs" / "classes" / "3_seed1"
     twin, trained = anomaly_levers.random_like(variant, 1), load_with_decoder(variant)
     assert {k: v.shape for k, v in twin.state_dict().items()} == {k: v.shape for k, v in trained.state_dict().items()}
     made = (variant / "encoder.safetensors").stat().st_mtime_ns
@@ -333,3 +339,6 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
     with pytest.raises(SystemExit) as exit_:
         levers("--variant", 'bad={"model": {"mask_ratio": 2}}')
     assert str(exit_.value.code).startswith("--variant bad: ") and "\n" not in str(exit_.value.code)
+    with pytest.raises(SystemExit) as exit_:
+        levers("--variant", 'mine={"data": {"path": "elsewhere"}}')
+    assert str(exit_.value.code).startswith("--variant mine: sets data.path") and "\n" not in str(exit_.value.code)
