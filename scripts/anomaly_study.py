@@ -156,12 +156,11 @@ def pretrain_class(folder: Path, run: Path, seed: int, change: dict) -> None:
         raise mae.MaeError(
             'data: not an object; give the data section\'s options as one, e.g. {"data": {"hflip": false}}'
         )
-    taken = [k for k in ("output_dir", "seed") if k in change] + ["data.path"] * ("path" in data)
+    own = {"output_dir": str(run), "seed": seed}
+    taken = [k for k in own if k in change] + ["data.path"] * ("path" in data)
     if taken:
         raise mae.MaeError(f"sets {', '.join(taken)}, which the study sets for each class and seed; leave it out")
-    mae.pretrain(
-        config=str(RECIPE), output_dir=str(run), seed=seed, **{**change, "data": {**data, "path": str(folder)}}
-    )
+    mae.pretrain(config=str(RECIPE), **{**change, **own, "data": {**data, "path": str(folder)}})
 
 
 def one_class(args, c: int, seed: int, data: dict) -> dict:
