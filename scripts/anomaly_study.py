@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="shorten the recipe (a reduced protocol)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="also keep each class and seed's scores here, and take them from here when present: a "
-                        "study over machines (docs/results/anomaly_study_e128e40: the documented one)")  # fmt: skip
+                        "study over machines (docs/results/anomaly_study_crop1: the documented one)")  # fmt: skip
     parser.add_argument("--override", default="{}", metavar="JSON",
                         help="a change of the recipe, as mae.pretrain takes it (a recipe lever measured on the whole "
                         "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip
