@@ -122,6 +122,30 @@ def test_anomaly_study_override_the_recipe_refuses_ends_with_one_line(tmp_path):
         assert message.startswith(f"--override {json.dumps(override)}: {says}") and "\n" not in message
 
 
+def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
+    """One class and seed of scripts/anomaly_study.py end to end (a tiny recipe change): the kept scores record the
+    override, the model's settings and the augmentation as pretrained, which tell runs of different recipes apart."""
+    from accelerate.state import AcceleratorState
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import argparse
+
+    import anomaly_study
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 255, (400, 28, 28), dtype=np.uint8), np.arange(400) % 10
+    tiny = {"model": {"embed_dim": 16, "depth": 1, "num_heads": 1, "decoder_embed_dim": 16, "decoder_depth": 1,
+                      "decoder_num_heads": 1},
+            "loop": {"epochs": 1, "batch_size": 6}, "data": {"crop_scale": [1.0, 1.0], "hflip": False}}  # fmt: skip
+    args = argparse.Namespace(output=tmp_path / "out", keep=tmp_path / "keep", override=tiny)
+    AcceleratorState._reset_state(True)
+    result = anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
+    assert result["override"] == tiny and result["epochs"] == 1 and result["model"]["embed_dim"] == 16
+    assert result["augment"] == {"crop_scale": [1.0, 1.0], "hflip": False}
+    assert json.loads((tmp_path / "keep" / "class3_seed0.json").read_text()) == result
+    assert set(result["val"]) == set(result["test"]) and "mae gaussian features @ 0.001" in result["val"]
+
+
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining: the source folder here is
     empty); a run over all 10 classes and both seeds writes the study's results.json beside them, a run over some
@@ -168,6 +192,9 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"model": {"embed_dim": 128}}))
     proc = run(*range(10))  # nor runs of a recipe file whose model was edited (each run records its model)
+    assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
+    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"augment": {"crop_scale": [1, 1]}}))
+    proc = run(*range(10))  # nor runs whose crops were edited (each run records its augmentation)
     assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30)))
     for bad in ("[1]", "{depth: 4}"):
