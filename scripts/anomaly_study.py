@@ -21,9 +21,9 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
 With `--keep DIR`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
 too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes and seeds 0
-and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol), the model's
-settings and the augmentation (`data.crop_scale`, `data.hflip`) are recorded with each run's scores; runs of
-different recipes or epochs are never summarised together.
+and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol) and the recipe as
+run (the run's config.yaml less what the study sets for each class and seed: recipe file and override together)
+are recorded with each run's scores; runs of different recipes or epochs are never summarised together.
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -67,7 +67,10 @@ K = 5  # neighbours of the k-NN scores
 VAL_FRACTION = 0.1  # of the normal class's training images, held out of pretraining for choosing the aggregate
 VAL_ANOMALIES_PER_NORMAL = 9  # as in the test set: 9,000 images of other classes beside 1,000 normal ones
 PCA_COMPONENTS = 32
-AUGMENT = ("crop_scale", "hflip")  # the data settings pretraining depends on beside the class's own images and stats
+# A run's config less what the study sets for each class and seed and what does not change the result: the rest is
+# the recipe it ran (recipe file and --override together), recorded with its scores.
+PER_RUN = {"output_dir", "seed", "resume", "data.path", "data.mean", "data.std", "data.num_workers", "loop.progress",
+           "loop.log_every", "loop.log_with", "loop.checkpoint_every", "loop.keep_checkpoints"}  # fmt: skip
 FEATURES = {"features": 0, "masked features": 4}  # `encoder_features`' masks: the whole image; the maps' 4 sets
 
 
@@ -200,13 +203,12 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     for name, m in (("mae", model), ("random-init", random_like(run, seed))):  # a random decoder's maps: noise
         scores.update({f"{name} {k}": v for k, v in model_scores(m, bank_x, query_x, seed, name == "mae").items()})
     scores.update(baselines(fit, query))
-    # The model's settings and the augmentation as pretrained (recipe and override together): runs of a recipe file
-    # edited between them are told apart though their overrides agree.
+    # The recipe as pretrained (recipe file and override together): runs of a recipe file edited between them are
+    # told apart though their overrides agree.
     result: dict = {
         "pretrain minutes": minutes,
         "epochs": config["loop"]["epochs"],
-        "model": config["model"],
-        "augment": {k: stats[k] for k in AUGMENT},
+        "recipe": recipe_of(config),
         "cpu": cpu(),
     }
     if args.override:
@@ -219,6 +221,15 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         if path is not None:
             write_whole(path, json.dumps(result, indent=1))
     return result
+
+
+def recipe_of(config: dict, prefix: str = "") -> dict:
+    """The run's config (run_config) less PER_RUN: the recipe it ran."""
+    return {
+        k: recipe_of(v, f"{prefix}{k}.") if isinstance(v, dict) else v
+        for k, v in config.items()
+        if prefix + k not in PER_RUN
+    }
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -277,10 +288,9 @@ def main() -> None:
     data: dict = {}
     results = {f"{c}/{s}": one_class(args, c, s, data) for s in args.seeds for c in args.classes}
     epochs = {r.get("epochs") for r in results.values()}
-    # A recipe: the override, the model's settings and the augmentation (runs kept before these were recorded have
-    # none).
-    recipes = {json.dumps({"override": r.get("override", {}), "model": r.get("model"), "augment": r.get("augment")},
-                          sort_keys=True) for r in results.values()}  # fmt: skip
+    # A recipe: the override and the whole recipe as run (runs kept before it was recorded have none).
+    recipes = {json.dumps({"override": r.get("override", {}), "recipe": r.get("recipe")}, sort_keys=True)
+               for r in results.values()}  # fmt: skip
     if len(epochs) > 1 or len(recipes) > 1:
         where = f"--keep {args.keep}" if args.keep else f"--output {args.output}"
         what = f"epochs ({sorted(map(str, epochs))})" if len(epochs) > 1 else f"recipes ({sorted(recipes)})"

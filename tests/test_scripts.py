@@ -94,10 +94,16 @@ def test_anomaly_study_chooses_on_held_out_training_images_only():
                       "pca error": "pca error", "mae": "mae gaussian features @ 0.001"}  # fmt: skip
 
 
-def kept_run(mae_val: float, epochs: int) -> dict:
-    """A class and seed's scores as scripts/anomaly_study.py keeps them."""
+KEPT_RECIPE = {"model": {"embed_dim": 128, "depth": 6}, "data": {"crop_scale": [1.0, 1.0], "hflip": True},
+               "optim": {"blr": 0.0015}, "loop": {"epochs": 30}}  # fmt: skip
+
+
+def kept_run(mae_val: float, epochs: int, **edits: dict) -> dict:
+    """A class and seed's scores as scripts/anomaly_study.py keeps them; `edits`: recipe sections' changed options."""
     aurocs = {"mae gaussian features @ 0.001": mae_val, "random-init gaussian features @ 0.001": 0.9, "pca error": 0.8}
-    return {"pretrain minutes": 9.0, "epochs": epochs, "cpu": "a CPU", "val": aurocs, "test": aurocs}
+    recipe = {section: {**options, **edits.get(section, {})} for section, options in KEPT_RECIPE.items()}
+    recipe["loop"]["epochs"] = epochs
+    return {"pretrain minutes": 9.0, "epochs": epochs, "recipe": recipe, "cpu": "a CPU", "val": aurocs, "test": aurocs}
 
 
 def test_anomaly_study_override_the_recipe_refuses_ends_with_one_line(tmp_path):
@@ -124,7 +130,8 @@ def test_anomaly_study_override_the_recipe_refuses_ends_with_one_line(tmp_path):
 
 def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     """One class and seed of scripts/anomaly_study.py end to end (a tiny recipe change): the kept scores record the
-    override, the model's settings and the augmentation as pretrained, which tell runs of different recipes apart."""
+    override and the recipe as pretrained (less what the study sets per class and seed), which tell runs of
+    different recipes apart."""
     from accelerate.state import AcceleratorState
 
     sys.path.insert(0, str(SCRIPT.parent))
@@ -140,8 +147,11 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     args = argparse.Namespace(output=tmp_path / "out", keep=tmp_path / "keep", override=tiny)
     AcceleratorState._reset_state(True)
     result = anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
-    assert result["override"] == tiny and result["epochs"] == 1 and result["model"]["embed_dim"] == 16
-    assert result["augment"] == {"crop_scale": [1.0, 1.0], "hflip": False}
+    recipe = result["recipe"]
+    assert result["override"] == tiny and result["epochs"] == 1 and recipe["model"]["embed_dim"] == 16
+    assert (recipe["data"]["crop_scale"], recipe["data"]["hflip"]) == ([1.0, 1.0], False)
+    assert recipe["loop"]["batch_size"] == 6 and recipe["optim"]["blr"] == 0.0015  # the override's, the recipe's
+    assert "output_dir" not in recipe and "seed" not in recipe and not {"path", "mean", "std"} & set(recipe["data"])
     assert json.loads((tmp_path / "keep" / "class3_seed0.json").read_text()) == result
     assert set(result["val"]) == set(result["test"]) and "mae gaussian features @ 0.001" in result["val"]
 
@@ -179,6 +189,7 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     report = json.loads((keep / "results.json").read_text())
     assert report == json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["protocol"]["epochs"] == 30 and report["chosen_on_val"]["mae"] == "mae gaussian features @ 0.001"
+    assert report["protocol"]["recipe"] == KEPT_RECIPE
     assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.949)
     assert "+4.90 points" in proc.stdout  # 0.949 against the random-init Gaussian's 0.90
 
@@ -190,11 +201,13 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"override": {"model": {"depth": 4}}}))
     proc = run(*range(10))  # a recipe lever's runs (--override) are not mixed with the recipe's either
     assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
-    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"model": {"embed_dim": 128}}))
-    proc = run(*range(10))  # nor runs of a recipe file whose model was edited (each run records its model)
-    assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
-    (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30) | {"augment": {"crop_scale": [1, 1]}}))
-    proc = run(*range(10))  # nor runs whose crops were edited (each run records its augmentation)
+    # nor runs of a recipe file edited between them, in any section (each run records the recipe it ran)
+    for edit in ({"model": {"embed_dim": 192}}, {"data": {"crop_scale": [0.8, 1.0]}}, {"optim": {"blr": 0.003}}):
+        (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30, **edit)))
+        proc = run(*range(10))
+        assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1, edit
+    (keep / "class1_seed0.json").write_text(json.dumps({k: v for k, v in kept_run(0.96, 30).items() if k != "recipe"}))
+    proc = run(*range(10))  # nor a run kept before the recipe was recorded beside ones that record it
     assert proc.returncode == 1 and "different recipes" in proc.stderr and proc.stderr.count("\n") == 1
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 30)))
     for bad in ("[1]", "{depth: 4}"):
