@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_fashion_mnist.py"
 
@@ -150,7 +151,8 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     recipe = result["recipe"]
     assert result["override"] == tiny and result["epochs"] == 1 and recipe["model"]["embed_dim"] == 16
     assert (recipe["data"]["crop_scale"], recipe["data"]["hflip"]) == ([1.0, 1.0], False)
-    assert recipe["loop"]["batch_size"] == 6 and recipe["optim"]["blr"] == 0.0015  # the override's, the recipe's
+    recipe_file = yaml.safe_load(anomaly_study.RECIPE.read_text())  # the override's batch size, the file's blr
+    assert recipe["loop"]["batch_size"] == 6 and recipe["optim"]["blr"] == recipe_file["optim"]["blr"]
     assert "output_dir" not in recipe and "seed" not in recipe and not {"path", "mean", "std"} & set(recipe["data"])
     assert json.loads((tmp_path / "keep" / "class3_seed0.json").read_text()) == result
     assert set(result["val"]) == set(result["test"]) and "mae gaussian features @ 0.001" in result["val"]
