@@ -17,7 +17,8 @@ beside a random-init model of the variant's architecture (its own baseline, wher
 
 Writes OUTPUT/levers_seed{S}.json: {lever: {"mae": [val AUROC per class], "random-init": [...]}}, and prints each
 lever's means and its margin: the MAE's minus the random-init model's, the same lever on both; for a recipe lever,
-also the variant's MAE minus the study recipe's.
+also the variant's MAE minus the study recipe's. A later call with the same classes and seed adds its levers to the
+file's (and prints them all); one with other classes or another seed is refused while the file is there.
 
 Public API only: `mae.pretrain`, `mae.anomaly_maps`, and the timm encoder's blocks.
 """
@@ -160,6 +161,26 @@ def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray, model=None, mask
     return gaussian_distance(*features, STUDY)
 
 
+def kept_rows(path: Path, classes: list[int], seed: int) -> dict:
+    """The rows an earlier call wrote to `path` for the same classes and seed, which this call's rows join (so
+    levers screened one call at a time end in one file); {} when there is none. A file of other classes or another
+    seed ends the run with one line, before anything runs: its rows are not comparable, and not to be lost."""
+    if not path.exists():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+        kept_classes, kept_seed, rows = kept["classes"], kept["seed"], kept["val"]
+        if not isinstance(rows, dict):
+            raise TypeError("its val is not an object")
+    except (ValueError, KeyError, TypeError) as e:
+        sys.exit(f"{path}: not a levers file ({type(e).__name__}: {e}); move it aside to measure here")
+    if (kept_classes, kept_seed) != (classes, seed):
+        theirs, ours = (" ".join(map(str, c)) for c in (kept_classes, classes))
+        sys.exit(f"{path}: holds --classes {theirs} --seed {kept_seed}, not --classes {ours} --seed {seed}; use "
+                 "those, or move the file aside to keep its rows")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEBIAN, help="folder of the four IDX files")
@@ -180,13 +201,14 @@ def main() -> None:
             sys.exit(f"--variant {v}: not NAME=JSON ({e})")
         except TypeError:
             sys.exit(f"--variant {v}: not NAME=JSON with a JSON object, e.g. " + '\'{"model": {"mask_ratio": 0.5}}\'')
-    for c in args.classes:  # before anything runs
+    result_path = args.output / f"levers_seed{args.seed}.json"
+    kept = kept_rows(result_path, args.classes, args.seed)  # before anything runs
+    for c in args.classes:
         run = args.output / f"class{c}_seed{args.seed}"
         if not (run / "encoder.safetensors").exists():
             sys.exit(f"{run}: no study run; pretrain it first: python scripts/anomaly_study.py --output "
                      f"{args.output} --classes {c} --seeds {args.seed}")  # fmt: skip
     train_x, train_y = load_split(args.source, "train")
-    result_path = args.output / f"levers_seed{args.seed}.json"
     rows: dict = {}
     for c in args.classes:
         run = args.output / f"class{c}_seed{args.seed}"
@@ -217,9 +239,10 @@ def main() -> None:
                 for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
                     rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))
         print(f"class {c} done", flush=True)
-    write_whole(result_path, json.dumps({"classes": args.classes, "seed": args.seed, "val": rows}, indent=1))
+    whole = kept | rows  # a lever measured again replaces its kept row
+    write_whole(result_path, json.dumps({"classes": args.classes, "seed": args.seed, "val": whole}, indent=1))
     print(f"val AUROC, mean over classes {args.classes} (seed {args.seed}); {result_path}")
-    for lever, by_model in rows.items():
+    for lever, by_model in whole.items():
         means = {m: 100 * float(np.mean(v)) for m, v in by_model.items()}
         cells = "  ".join(f"{m} {v:.2f}" for m, v in means.items())
         margin = f"  margin {means['mae'] - means['random-init']:+.2f}" if "random-init" in means else ""

@@ -332,6 +332,31 @@ def test_anomaly_levers_bad_input(tmp_path, args, error):
     assert error in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("kept", "error"),
+    [
+        ({"classes": [4], "seed": 1, "val": {}}, "holds --classes 4 --seed 1, not --classes 3 --seed 1; use those"),
+        ({"classes": [3], "seed": 0, "val": {}}, "holds --classes 3 --seed 0, not --classes 3 --seed 1; use those"),
+        ({"classes": [3], "seed": 1}, "not a levers file (KeyError: 'val'); move it aside"),
+        ({"classes": [3], "seed": 1, "val": []}, "not a levers file (TypeError: its val is not an object)"),
+        ("{not json", "not a levers file (JSONDecodeError: "),
+    ],
+)
+def test_anomaly_levers_refuse_a_levers_file_they_cannot_join(tmp_path, kept, error):
+    """A levers file of other classes, another seed or no levers file at all is left as it is: one line naming it,
+    before anything runs (the study runs it would score are not even there)."""
+    (tmp_path / "runs").mkdir()
+    path = tmp_path / "runs" / "levers_seed1.json"
+    path.write_text(kept if isinstance(kept, str) else json.dumps(kept))
+    before = path.read_text()
+    cmd = [sys.executable, str(SCRIPT.parent / "anomaly_levers.py"), "--source", str(tmp_path), "--output",
+           str(tmp_path / "runs"), "--classes", "3", "--seed", "1"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"{path}: ") and error in proc.stderr
+    assert path.read_text() == before
+
+
 def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch):
     """scripts/anomaly_levers.py --variant: pretrained once per class into OUTPUT/variants/NAME (a rerun scores the
     kept run), then scored, on whole images and on masked views, beside the study's run and a random-init model of
@@ -378,6 +403,12 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
     made = (variant / "encoder.safetensors").stat().st_mtime_ns
     assert levers("--variant", "narrow=" + json.dumps(narrow)) == rows  # the kept run, scored again
     assert (variant / "encoder.safetensors").stat().st_mtime_ns == made
+    # a later call's levers join the file's rows of the same classes and seed; its own replace theirs
+    kept = json.loads((tmp_path / "runs" / "levers_seed1.json").read_text())
+    earlier = {"mae": [0.5], "random-init": [0.5], "study's recipe": [0.5]}
+    kept["val"] = {"recipe: earlier": earlier, "recipe: narrow": earlier}
+    (tmp_path / "runs" / "levers_seed1.json").write_text(json.dumps(kept))
+    assert levers("--variant", "narrow=" + json.dumps(narrow)) == {"recipe: earlier": earlier, **rows}
     with pytest.raises(SystemExit) as exit_:
         levers("--variant", 'bad={"model": {"mask_ratio": 2}}')
     assert str(exit_.value.code).startswith("--variant bad: ") and "\n" not in str(exit_.value.code)
