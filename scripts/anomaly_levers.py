@@ -4,11 +4,12 @@ the random-init model's (the best baseline). Test images are never read.
 
 Scoring levers, on the run folders of `scripts/anomaly_study.py` (same --output and seed; pretrained there):
 the Gaussian's shrinkage below the study's grid; the features of each encoder block and of the last blocks
-concatenated; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance or (the MAE
-only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread over the
-fit images. Recipe levers (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE
-pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the study's and
-beside a random-init model of the variant's architecture (its own baseline, where the change is architectural).
+concatenated; a Gaussian per patch position (PaDiM's model) on the last block's tokens; the CLS token;
+horizontally flipped images; the Gaussian fused with the k-NN distance or (the MAE only: a random decoder's maps are
+noise) with the reconstruction score, each standardised by its spread over the fit images. Recipe levers
+(`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE pretrained with the change
+on the same images and seed, scored with the study's Gaussian, beside the study's and beside a random-init model of
+the variant's architecture (its own baseline, where the change is architectural).
 
     python scripts/anomaly_study.py --output runs/anomaly_study --seeds 1               # the runs, if not there
     python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1                # scoring levers
@@ -72,11 +73,12 @@ VARIANT_MASKS = {0: "", 2: ", masked views (2 sets)", 4: ", masked views"}  # a 
 
 
 @torch.no_grad()
-def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([L, N, D] each block's patch tokens, final norm applied, averaged; [N, D] the last block's CLS token)."""
+def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([L, N, D] each block's patch tokens, final norm applied, averaged; [N, D] the last block's CLS token;
+    [N, P, D] the last block's patch tokens, normed, one per patch position)."""
     model.eval()
     enc = model.encoder
-    means, cls = [], []
+    means, cls, patches = [], [], []
     for i in range(0, len(x), BATCH):
         tokens = enc.norm_pre(enc._pos_embed(enc.patch_embed(x[i : i + BATCH])))
         per = []
@@ -85,7 +87,14 @@ def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             per.append(enc.norm(tokens)[:, enc.num_prefix_tokens :].mean(1))
         means.append(torch.stack(per))
         cls.append(enc.norm(tokens)[:, 0])
-    return torch.cat(means, 1).double(), torch.cat(cls).double()
+        patches.append(enc.norm(tokens)[:, enc.num_prefix_tokens :])
+    return torch.cat(means, 1).double(), torch.cat(cls).double(), torch.cat(patches).double()
+
+
+def per_position(fit: torch.Tensor, query: torch.Tensor, shrinkage: float) -> torch.Tensor:
+    """[Q, P]: each query's distance to a Gaussian fitted per patch position (PaDiM's model, on one block's
+    tokens): where the study's Gaussian sees the tokens' mean, this one sees each position apart."""
+    return torch.stack([gaussian_distance(fit[:, p], query[:, p], shrinkage) for p in range(fit.shape[1])], 1)
 
 
 def masked_features(model, x: torch.Tensor, masks: int, seed: int) -> torch.Tensor:
@@ -121,8 +130,8 @@ def standardised(fit: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 
 def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, recon: bool) -> dict:
     """{lever: val scores} of one model (`recon`: also the fusions with its reconstruction score)."""
-    (fit_b, fit_cls), (val_b, val_cls) = block_features(model, fit_x), block_features(model, val_x)
-    (fit_flip, _), (val_flip, _) = block_features(model, fit_x.flip(-1)), block_features(model, val_x.flip(-1))
+    (fit_b, fit_cls, fit_p), (val_b, val_cls, val_p) = block_features(model, fit_x), block_features(model, val_x)
+    fit_flip, val_flip = block_features(model, fit_x.flip(-1))[0], block_features(model, val_x.flip(-1))[0]
     fit, val, blocks = fit_b[-1], val_b[-1], len(fit_b)
     study = gaussian_distance(fit, val, STUDY).double()
     out = {f"last block, shrinkage {s:g}": gaussian_distance(fit, val, s) for s in FINER + SHRINKAGES}
@@ -131,6 +140,10 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
             out[f"block {b + 1}, shrinkage {s:g}"] = gaussian_distance(fit_b[b], val_b[b], s)
             cat_fit, cat_val = fit_b[b:].permute(1, 0, 2).flatten(1), val_b[b:].permute(1, 0, 2).flatten(1)
             out[f"blocks {b + 1}-{blocks}, shrinkage {s:g}"] = gaussian_distance(cat_fit, cat_val, s)
+    for s in SHRINKAGES:
+        positions = per_position(fit_p, val_p, s)
+        out[f"per patch position, shrinkage {s:g}, mean"] = positions.mean(1)
+        out[f"per patch position, shrinkage {s:g}, max"] = positions.amax(1)
     out["CLS token"] = gaussian_distance(fit_cls, val_cls, STUDY)
     out["mean and CLS"] = gaussian_distance(torch.cat([fit, fit_cls], 1), torch.cat([val, val_cls], 1), STUDY)
     out["flip-averaged features"] = gaussian_distance((fit + fit_flip[-1]) / 2, (val + val_flip[-1]) / 2, STUDY)

@@ -308,9 +308,16 @@ def test_anomaly_levers_score_as_the_study_does():
     levers = anomaly_levers.scoring_levers(model, fit, val, seed=0, recon=True)
     study = gaussian_distance(encoder_features(model, fit), encoder_features(model, val), 1e-3)
     torch.testing.assert_close(levers["last block, shrinkage 0.001"].float(), study, rtol=1e-4, atol=1e-4)
-    expected = {"block 1, shrinkage 0.1", "blocks 2-3, shrinkage 0.01", "CLS token", "+ 0.5 x k-NN"}
+    expected = {"block 1, shrinkage 0.1", "blocks 2-3, shrinkage 0.01", "CLS token", "+ 0.5 x k-NN",
+                "per patch position, shrinkage 0.01, mean", "per patch position, shrinkage 0.1, max"}  # fmt: skip
     assert expected | {"4 mask sets, features averaged", "2 mask sets, distances averaged"} <= set(levers)
     assert all(v.shape == (30,) and bool(torch.isfinite(v).all()) for v in levers.values())
+    # one position per patch: 49 Gaussians, each of them the study's on that position's tokens alone
+    tokens = anomaly_levers.block_features(model, val)[2]
+    assert tokens.shape == (30, 49, 32)
+    positions = anomaly_levers.per_position(tokens[:20], tokens, 1e-2)
+    assert positions.shape == (30, 49)
+    torch.testing.assert_close(positions[:, 7], gaussian_distance(tokens[:20, 7], tokens[:, 7], 1e-2))
     assert "+ 1 x reconstruction" in levers
     assert not any("reconstruction" in k for k in anomaly_levers.scoring_levers(model, fit, val, 0, recon=False))
 
