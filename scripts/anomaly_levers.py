@@ -4,9 +4,10 @@ the random-init model's (the best baseline). Test images are never read.
 
 Scoring levers, on the run folders of `scripts/anomaly_study.py` (same --output and seed; pretrained there):
 the Gaussian's shrinkage below the study's grid; the features of each encoder block and of the last blocks
-concatenated; a Gaussian per patch position (PaDiM's model) on the last block's tokens; the CLS token;
-horizontally flipped images; the Gaussian fused with the k-NN distance or (the MAE only: a random decoder's maps are
-noise) with the reconstruction score, each standardised by its spread over the fit images. Recipe levers
+concatenated; a Gaussian per patch position (PaDiM's model) on the last block's tokens, and, for comparison, on
+the raw pixels of each patch; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance
+or (the MAE only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread
+over the fit images. Recipe levers
 (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE pretrained with the change
 on the same images and seed, scored with the study's Gaussian, beside the study's and beside a random-init model of
 the variant's architecture (its own baseline, where the change is architectural).
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from anomaly_study import (  # noqa: E402
@@ -161,6 +163,17 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
     return out
 
 
+def pixel_levers(fit_x: torch.Tensor, val_x: torch.Tensor, patch_size: tuple[int, int]) -> dict:
+    """{lever: val scores} on raw pixels, no model: the Gaussian per patch position on the pixels of each patch
+    (the encoder's patches), beside one Gaussian on all pixels, to tell a model's per-position gain from the
+    positions' own."""
+    fit_p, val_p = (F.unfold(x, patch_size, stride=patch_size).transpose(1, 2) for x in (fit_x, val_x))
+    out = {f"raw pixels, shrinkage {s:g}": gaussian_distance(fit_x.flatten(1), val_x.flatten(1), s) for s in SHRINKAGES}
+    for s in SHRINKAGES:
+        out[f"raw pixels per patch position, shrinkage {s:g}, mean"] = per_position(fit_p, val_p, s).mean(1)
+    return out
+
+
 def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray, model=None, masks: int = 0) -> torch.Tensor:
     """The study's Gaussian score of the run's MAE (or of `model`, e.g. its random-init twin), on the run's
     normalisation: on the whole image's features, or with `masks` on its masked views' (`--features masked`)."""
@@ -251,6 +264,8 @@ def main() -> None:
             for name, model in (("mae", load_with_decoder(run)), ("random-init", random_like(run, args.seed))):
                 for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
                     rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))
+            for lever, scores in pixel_levers(fit_t, val_t, model.encoder.patch_embed.patch_size).items():
+                rows.setdefault(lever, {}).setdefault("raw pixels", []).append(auroc(scores.numpy(), anomalous))
         print(f"class {c} done", flush=True)
     whole = kept | rows  # a lever measured again replaces its kept row
     write_whole(result_path, json.dumps({"classes": args.classes, "seed": args.seed, "val": whole}, indent=1))

@@ -318,6 +318,13 @@ def test_anomaly_levers_score_as_the_study_does():
     positions = anomaly_levers.per_position(tokens[:20], tokens, 1e-2)
     assert positions.shape == (30, 49)
     torch.testing.assert_close(positions[:, 7], gaussian_distance(tokens[:20, 7], tokens[:, 7], 1e-2))
+    # the same on raw pixels: one Gaussian on each 4x4 patch's pixels, the encoder's patches
+    pixels = anomaly_levers.pixel_levers(fit, val, (4, 4))
+    assert set(pixels) == {f"raw pixels{p}, shrinkage {s:g}{a}" for s in (1e-3, 1e-2, 1e-1)
+                           for p, a in (("", ""), (" per patch position", ", mean"))}  # fmt: skip
+    every = torch.stack([gaussian_distance(*(x[:, :, r : r + 4, c : c + 4].flatten(1) for x in (fit, val)), 1e-2)
+                         for r in range(0, 28, 4) for c in range(0, 28, 4)], 1)  # fmt: skip
+    torch.testing.assert_close(pixels["raw pixels per patch position, shrinkage 0.01, mean"], every.mean(1))
     assert "+ 1 x reconstruction" in levers
     assert not any("reconstruction" in k for k in anomaly_levers.scoring_levers(model, fit, val, 0, recon=False))
 
