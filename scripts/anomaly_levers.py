@@ -7,10 +7,10 @@ the Gaussian's shrinkage below the study's grid; the features of each encoder bl
 concatenated; a Gaussian per patch position (PaDiM's model) on the last block's tokens, and, for comparison, on
 the raw pixels of each patch; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance
 or (the MAE only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread
-over the fit images. Recipe levers
-(`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them): an MAE pretrained with the change
-on the same images and seed, scored with the study's Gaussian, beside the study's and beside a random-init model of
-the variant's architecture (its own baseline, where the change is architectural).
+over the fit images. Recipe levers (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them):
+an MAE pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the
+study's and beside a random-init model of the variant's architecture (its own baseline, where the change is
+architectural).
 
     python scripts/anomaly_study.py --output runs/anomaly_study --seeds 1               # the runs, if not there
     python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1                # scoring levers
@@ -86,10 +86,11 @@ def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
         per = []
         for block in enc.blocks:
             tokens = block(tokens)
-            per.append(enc.norm(tokens)[:, enc.num_prefix_tokens :].mean(1))
+            normed = enc.norm(tokens)
+            per.append(normed[:, enc.num_prefix_tokens :].mean(1))
         means.append(torch.stack(per))
-        cls.append(enc.norm(tokens)[:, 0])
-        patches.append(enc.norm(tokens)[:, enc.num_prefix_tokens :])
+        cls.append(normed[:, 0])
+        patches.append(normed[:, enc.num_prefix_tokens :])
     return torch.cat(means, 1).double(), torch.cat(cls).double(), torch.cat(patches).double()
 
 
@@ -261,10 +262,11 @@ def main() -> None:
         if args.scoring:
             stats = run_config(run)["data"]
             fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))
-            for name, model in (("mae", load_with_decoder(run)), ("random-init", random_like(run, args.seed))):
+            study_mae = load_with_decoder(run)
+            for name, model in (("mae", study_mae), ("random-init", random_like(run, args.seed))):
                 for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
                     rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))
-            for lever, scores in pixel_levers(fit_t, val_t, model.encoder.patch_embed.patch_size).items():
+            for lever, scores in pixel_levers(fit_t, val_t, study_mae.encoder.patch_embed.patch_size).items():
                 rows.setdefault(lever, {}).setdefault("raw pixels", []).append(auroc(scores.numpy(), anomalous))
         print(f"class {c} done", flush=True)
     whole = kept | rows  # a lever measured again replaces its kept row
