@@ -11,11 +11,12 @@ over its predictions and over channels, is the map; an aggregate of the map is t
     model = mae.load_pretrained("runs/pretrain")            # with its decoder (`load_with_decoder` checks)
     maps, scores = anomaly_maps(model, images, masks=4, seed=0)   # images normalised as in training
 
-Beside it, two feature-distance scores, which see semantic outliers that reconstruct well: `knn_distance`, the
-cosine distance of an image's encoder features to its nearest training images, and `gaussian_distance`, their
+Beside it, feature-distance scores, which see semantic outliers that reconstruct well: `knn_distance`, the
+cosine distance of an image's encoder features to its nearest training images; `gaussian_distance`, their
 Mahalanobis distance to a Gaussian fitted to the training images' features (`encoder_features`: of the whole
-image, or of its masked views as in pretraining). `auroc` and
-`average_precision` judge either score against known anomalies (no scikit-learn: ranks and a cumulative sum).
+image, or of its masked views as in pretraining); and `position_distance`, one Gaussian per patch position on
+`patch_tokens`, each position's token judged apart. `auroc` and `average_precision` judge any score against known
+anomalies (no scikit-learn: ranks and a cumulative sum).
 """
 
 from __future__ import annotations
@@ -140,8 +141,15 @@ def encoder_features(model: MaskedAutoencoder, images: torch.Tensor, masks: int 
     image as the encoder saw it in pretraining, the visible patches of each of K complementary mask sets (the maps'
     sets, from `seed`) at a time, their token means averaged over the sets."""
     if not masks:
-        return model.encoder.forward_features(images)[:, model.encoder.num_prefix_tokens :].mean(1).float()
+        return patch_tokens(model, images).mean(1)
     return masked_view_features(model, images, masks, seed).mean(0)
+
+
+@torch.no_grad()
+def patch_tokens(model: MaskedAutoencoder, images: torch.Tensor) -> torch.Tensor:
+    """[N, C, H, W] -> [N, L, D]: the encoder's tokens of the whole image, one per patch position (prefix tokens
+    left out), in patch order: `encoder_features` before its mean, `position_distance`'s input."""
+    return model.encoder.forward_features(images)[:, model.encoder.num_prefix_tokens :].float()
 
 
 @torch.no_grad()
@@ -178,6 +186,16 @@ def gaussian_distance(bank: torch.Tensor, query: torch.Tensor, shrinkage: float 
     cov = cov + shrinkage * max(float(cov.diagonal().mean()), 1e-12) * torch.eye(len(cov), dtype=cov.dtype)
     centred = query - mu
     return torch.linalg.solve(cov, centred.T).T.mul(centred).sum(1).float()
+
+
+def position_distance(bank: torch.Tensor, query: torch.Tensor, shrinkage: float = 1e-3) -> torch.Tensor:
+    """[Q, L]: `gaussian_distance` at each patch position apart (PaDiM's model): one Gaussian per position, fitted
+    to the bank's tokens there ([B, L, D], `patch_tokens`), and each query token's [Q, L, D] distance to its own
+    position's. Where the image's Gaussian sees the tokens' mean, this sees where in the image a token is unusual:
+    its mean over positions is an image's score, the [Q, L] grid itself a coarse map."""
+    if bank.shape[1:] != query.shape[1:]:
+        raise ValueError(f"bank {tuple(bank.shape)} and query {tuple(query.shape)}: not the same positions and width")
+    return torch.stack([gaussian_distance(bank[:, p], query[:, p], shrinkage) for p in range(bank.shape[1])], 1)
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:

@@ -60,6 +60,7 @@ from mae.anomaly_maps import (  # noqa: E402
     knn_distance,
     load_with_decoder,
     masked_view_features,
+    position_distance,
 )
 from mae.run_folder import run_config  # noqa: E402
 
@@ -92,12 +93,6 @@ def block_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
         cls.append(normed[:, 0])
         patches.append(normed[:, enc.num_prefix_tokens :])
     return torch.cat(means, 1).double(), torch.cat(cls).double(), torch.cat(patches).double()
-
-
-def per_position(fit: torch.Tensor, query: torch.Tensor, shrinkage: float) -> torch.Tensor:
-    """[Q, P]: each query's distance to a Gaussian fitted per patch position (PaDiM's model, on one block's
-    tokens): where the study's Gaussian sees the tokens' mean, this one sees each position apart."""
-    return torch.stack([gaussian_distance(fit[:, p], query[:, p], shrinkage) for p in range(fit.shape[1])], 1)
 
 
 def masked_features(model, x: torch.Tensor, masks: int, seed: int) -> torch.Tensor:
@@ -144,7 +139,7 @@ def scoring_levers(model, fit_x: torch.Tensor, val_x: torch.Tensor, seed: int, r
             cat_fit, cat_val = fit_b[b:].permute(1, 0, 2).flatten(1), val_b[b:].permute(1, 0, 2).flatten(1)
             out[f"blocks {b + 1}-{blocks}, shrinkage {s:g}"] = gaussian_distance(cat_fit, cat_val, s)
     for s in SHRINKAGES:
-        positions = per_position(fit_p, val_p, s)
+        positions = position_distance(fit_p, val_p, s)
         out[f"per patch position, shrinkage {s:g}, mean"] = positions.mean(1)
         out[f"per patch position, shrinkage {s:g}, max"] = positions.amax(1)
     out["CLS token"] = gaussian_distance(fit_cls, val_cls, STUDY)
@@ -171,7 +166,7 @@ def pixel_levers(fit_x: torch.Tensor, val_x: torch.Tensor, patch_size: tuple[int
     fit_p, val_p = (F.unfold(x, patch_size, stride=patch_size).transpose(1, 2) for x in (fit_x, val_x))
     out = {f"raw pixels, shrinkage {s:g}": gaussian_distance(fit_x.flatten(1), val_x.flatten(1), s) for s in SHRINKAGES}
     for s in SHRINKAGES:
-        out[f"raw pixels per patch position, shrinkage {s:g}, mean"] = per_position(fit_p, val_p, s).mean(1)
+        out[f"raw pixels per patch position, shrinkage {s:g}, mean"] = position_distance(fit_p, val_p, s).mean(1)
     return out
 
 

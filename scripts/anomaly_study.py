@@ -23,7 +23,9 @@ pretraining) are also written there, and a class and seed found there is not run
 too long for one sitting on 2 cores, is completed on later machines, and a run over all 10 classes and seeds 0
 and 1 writes its `results.json` there too. `--override` (a recipe lever on the whole protocol) and the recipe as
 run (the run's config.yaml less what the study sets for each class and seed: recipe file and override together)
-are recorded with each run's scores; runs of different recipes or epochs are never summarised together.
+are recorded with each run's scores; runs of different recipes or epochs are never summarised together. With
+`--rescore`, runs whose kept scores predate a method of this script are scored again, every method, from the
+pretraining in `--output` (its minutes and CPU kept).
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -55,6 +57,8 @@ from mae.anomaly_maps import (  # noqa: E402
     gaussian_distance,
     knn_distance,
     load_with_decoder,
+    patch_tokens,
+    position_distance,
 )
 from mae.run_folder import run_config  # noqa: E402
 
@@ -71,7 +75,10 @@ PCA_COMPONENTS = 32
 # the recipe it ran (recipe file and --override together), recorded with its scores.
 PER_RUN = {"output_dir", "seed", "resume", "data.path", "data.mean", "data.std", "data.num_workers", "loop.progress",
            "loop.log_every", "loop.log_with", "loop.checkpoint_every", "loop.keep_checkpoints"}  # fmt: skip
-FEATURES = {"features": 0, "masked features": 4}  # `encoder_features`' masks: the whole image; the maps' 4 sets
+# The study's methods: 1, the first; 2, with the Gaussian per patch position. Bumped with each method added, so that
+# --rescore scores the runs kept before it again (their pretraining kept) and no others: a stopped rescore resumes.
+SCORING = 2
+MASKED_VIEWS = 4  # `encoder_features`' masks for the masked views: the maps' 4 sets
 
 
 def load_split(source: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -102,17 +109,19 @@ def in_batches(fn, x: torch.Tensor, batch: int = 500, dim: int = 0) -> torch.Ten
 @torch.no_grad()
 def model_scores(model, bank_x: torch.Tensor, query_x: torch.Tensor, seed: int, maps: bool, batch: int = 500) -> dict:
     """The feature scores of `query_x` against `bank_x` (k-NN; Gaussian at each shrinkage), on the whole images'
-    features and on their masked views', and, with `maps`, the reconstruction score under every aggregate."""
+    features and on their masked views'; a Gaussian per patch position (`position_distance`, averaged over
+    positions) at each shrinkage; and, with `maps`, the reconstruction score under every aggregate."""
     model.eval()
     scores = {}
     if maps:
         error = in_batches(lambda x: anomaly_maps(model, x, masks=4, seed=seed)[0], query_x, batch)
         scores = {f"recon{SETTING}{name}": aggregate(error, how, top) for name, (how, top) in AGGREGATES.items()}
-    for what, masks in FEATURES.items():
-        bank = in_batches(lambda x, m=masks: encoder_features(model, x, m, seed), bank_x, batch)
-        query = in_batches(lambda x, m=masks: encoder_features(model, x, m, seed), query_x, batch)
-        scores |= feature_scores(bank, query, what)
-    return scores
+    bank, query = (in_batches(lambda b: patch_tokens(model, b), x, batch) for x in (bank_x, query_x))
+    scores |= feature_scores(bank.mean(1), query.mean(1), "features")  # `encoder_features` of the whole image
+    scores |= {f"gaussian positions{SETTING}{s:g}": position_distance(bank, query, s).mean(1) for s in SHRINKAGES}
+    bank = in_batches(lambda x: encoder_features(model, x, MASKED_VIEWS, seed), bank_x, batch)
+    query = in_batches(lambda x: encoder_features(model, x, MASKED_VIEWS, seed), query_x, batch)
+    return scores | feature_scores(bank, query, "masked features")
 
 
 def feature_scores(bank: torch.Tensor, query: torch.Tensor, what: str) -> dict:
@@ -174,12 +183,19 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     was in (delete both to score anew)."""
     run = args.output / f"class{c}_seed{seed}"
     kept = args.keep / f"class{c}_seed{seed}.json" if args.keep else None
+    earlier = None
     for done in (kept, run / "study_scores.json"):
         if done is not None and done.exists():
             try:
-                return json.loads(done.read_text())
+                earlier = json.loads(done.read_text())
             except ValueError as e:
                 sys.exit(f"{done}: not a class's kept scores ({e}); delete it to run that class and seed again")
+            break
+    if earlier is not None and not (args.rescore and earlier.get("scoring", 1) < SCORING):
+        return earlier
+    if earlier is not None and not (run / "encoder.safetensors").exists():
+        sys.exit(f"--rescore: {run} holds no pretraining to score again; give the --output that does (scores of "
+                 f"class {c}, seed {seed} kept in {done})")  # fmt: skip
     if not data:  # read on the first class that needs it: kept scores need no data
         data.update({part: load_split(args.source, part) for part in ("train", "test")})
     (train_x, train_y), (test_x, test_y) = data["train"], data["test"]
@@ -194,7 +210,7 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         except mae.MaeError as e:  # e.g. an --override the recipe's options refuse: one line, nothing scored
             sys.exit(f"--override {json.dumps(args.override)}: {e}" if args.override else str(e))
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study
-    minutes = float((run / "pretrain_minutes").read_text())
+    minutes = earlier["pretrain minutes"] if earlier else float((run / "pretrain_minutes").read_text())
     config = run_config(run)
     stats = config["data"]
     model = load_with_decoder(run)
@@ -209,8 +225,11 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         "pretrain minutes": minutes,
         "epochs": config["loop"]["epochs"],
         "recipe": recipe_of(config),
-        "cpu": cpu(),
+        "cpu": cpu() if earlier is None else earlier.get("cpu", "not recorded"),  # the pretraining's
+        "scoring": SCORING,
     }
+    if earlier is not None:
+        result["rescored on"] = cpu()
     if args.override:
         result["override"] = args.override
     for part, (rows, anomalous) in parts.items():
@@ -274,6 +293,9 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None,
                         help="also keep each class and seed's scores here, and take them from here when present: a "
                         "study over machines (docs/results/anomaly_study_crop1: the documented one)")  # fmt: skip
+    parser.add_argument("--rescore", action="store_true",
+                        help="score kept runs again where their scores predate a method of this script (their "
+                        "pretraining in --output kept): every method on the same runs")  # fmt: skip
     parser.add_argument("--override", default="{}", metavar="JSON",
                         help="a change of the recipe, as mae.pretrain takes it (a recipe lever measured on the whole "
                         "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip

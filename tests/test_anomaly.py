@@ -18,6 +18,8 @@ from mae.anomaly_maps import (
     gaussian_distance,
     knn_distance,
     load_with_decoder,
+    patch_tokens,
+    position_distance,
     roc_curve,
 )
 from mae.models.masking import random_masking
@@ -170,6 +172,29 @@ def test_gaussian_distance():
     assert near_euclidean[1] / near_euclidean[0] == pytest.approx(100, rel=1e-3)
     with pytest.raises(ValueError, match="shrinkage=0: must be > 0"):
         gaussian_distance(axes, axes, shrinkage=0)
+
+
+def test_position_distance():
+    """One Gaussian per patch position: column p is `gaussian_distance` on position p's tokens alone; a token
+    unusual for its position (moved from another position) stands out there only; `patch_tokens` are the tokens
+    whose mean is `encoder_features`."""
+    torch.manual_seed(0)
+    bank = torch.randn(200, 3, 2) + torch.tensor([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0]])  # 3 positions, 2 wide
+    query = bank[:4].clone()
+    query[0, 2] = bank[0, 1]  # position 1's token at position 2: normal anywhere but there
+    d = position_distance(bank, query, 1e-2)
+    assert d.shape == (4, 3)
+    for p in range(3):
+        torch.testing.assert_close(d[:, p], gaussian_distance(bank[:, p], query[:, p], 1e-2))
+    assert int(d.mean(1).argmax()) == 0 and int(d[0].argmax()) == 2 and float(d[0, 2]) > 10 * float(d[1:, 2].max())
+    assert float(gaussian_distance(bank.mean(1), query.mean(1), 1e-2)[0]) < float(d[0, 2])  # the mean hides it
+    with pytest.raises(ValueError, match=r"bank \(200, 3, 2\) and query \(4, 2, 2\): not the same positions"):
+        position_distance(bank, query[:, :2])
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    x = torch.randn(5, 3, 32, 32)
+    tokens = patch_tokens(model, x)
+    assert tokens.shape == (5, model.num_patches, model.encoder.embed_dim)
+    torch.testing.assert_close(tokens.mean(1), encoder_features(model, x))
 
 
 def test_an_encoder_only_file_is_refused(tmp_path):

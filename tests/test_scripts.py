@@ -145,7 +145,7 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     tiny = {"model": {"embed_dim": 16, "depth": 1, "num_heads": 1, "decoder_embed_dim": 16, "decoder_depth": 1,
                       "decoder_num_heads": 1},
             "loop": {"epochs": 1, "batch_size": 6}, "data": {"crop_scale": [1.0, 1.0], "hflip": False}}  # fmt: skip
-    args = argparse.Namespace(output=tmp_path / "out", keep=tmp_path / "keep", override=tiny)
+    args = argparse.Namespace(output=tmp_path / "out", keep=tmp_path / "keep", override=tiny, rescore=False)
     AcceleratorState._reset_state(True)
     result = anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
     recipe = result["recipe"]
@@ -156,6 +156,27 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     assert "output_dir" not in recipe and "seed" not in recipe and not {"path", "mean", "std"} & set(recipe["data"])
     assert json.loads((tmp_path / "keep" / "class3_seed0.json").read_text()) == result
     assert set(result["val"]) == set(result["test"]) and "mae gaussian features @ 0.001" in result["val"]
+    assert {f"{m} gaussian positions @ {s}" for m in ("mae", "random-init") for s in ("0.001", "0.1")} <= set(
+        result["val"]
+    )
+    assert result["scoring"] == anomaly_study.SCORING and "rescored on" not in result
+
+    # --rescore: scores kept before a method was added are scored again from the kept pretraining (the same
+    # numbers, the pretraining's minutes and CPU kept); without it, or once rescored, the kept scores stand.
+    older = {**result, "scoring": 1, "cpu": "an older CPU", "val": {"mae gone": 0.5}, "test": {"mae gone": 0.5}}
+    (tmp_path / "keep" / "class3_seed0.json").write_text(json.dumps(older))
+    assert anomaly_study.one_class(args, 3, 0, {}) == older
+    args.rescore = True
+    again = anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
+    assert again == {**result, "cpu": "an older CPU", "rescored on": again["rescored on"]}
+    assert json.loads((tmp_path / "out" / "class3_seed0" / "study_scores.json").read_text()) == again
+    assert anomaly_study.one_class(args, 3, 0, {}) == again  # rescored once: kept
+    (tmp_path / "keep" / "class3_seed0.json").write_text(json.dumps(older))
+    args.output = tmp_path / "elsewhere"
+    with pytest.raises(SystemExit) as exit_:
+        anomaly_study.one_class(args, 3, 0, {})
+    message = str(exit_.value.code)
+    assert message.startswith(f"--rescore: {args.output / 'class3_seed0'} holds no pretraining") and "\n" not in message
 
 
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
@@ -299,7 +320,7 @@ def test_anomaly_levers_score_as_the_study_does():
     import anomaly_levers
 
     import mae
-    from mae.anomaly_maps import encoder_features, gaussian_distance
+    from mae.anomaly_maps import encoder_features, gaussian_distance, patch_tokens
 
     torch.manual_seed(0)
     model = mae.create_mae("mae_vit_tiny_patch16", img_size=28, in_chans=1, patch_size=4, embed_dim=32, depth=3,
@@ -312,12 +333,8 @@ def test_anomaly_levers_score_as_the_study_does():
                 "per patch position, shrinkage 0.01, mean", "per patch position, shrinkage 0.1, max"}  # fmt: skip
     assert expected | {"4 mask sets, features averaged", "2 mask sets, distances averaged"} <= set(levers)
     assert all(v.shape == (30,) and bool(torch.isfinite(v).all()) for v in levers.values())
-    # one position per patch: 49 Gaussians, each of them the study's on that position's tokens alone
-    tokens = anomaly_levers.block_features(model, val)[2]
-    assert tokens.shape == (30, 49, 32)
-    positions = anomaly_levers.per_position(tokens[:20], tokens, 1e-2)
-    assert positions.shape == (30, 49)
-    torch.testing.assert_close(positions[:, 7], gaussian_distance(tokens[:20, 7], tokens[:, 7], 1e-2))
+    # one position per patch: the last block's tokens, `patch_tokens`' (`position_distance` is tested with it)
+    torch.testing.assert_close(anomaly_levers.block_features(model, val)[2].float(), patch_tokens(model, val))
     # the same on raw pixels: one Gaussian on each 4x4 patch's pixels, the encoder's patches
     pixels = anomaly_levers.pixel_levers(fit, val, (4, 4))
     assert set(pixels) == {f"raw pixels{p}, shrinkage {s:g}{a}" for s in (1e-3, 1e-2, 1e-1)
