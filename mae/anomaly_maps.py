@@ -198,6 +198,13 @@ def position_distance(bank: torch.Tensor, query: torch.Tensor, shrinkage: float 
     return torch.stack([gaussian_distance(bank[:, p], query[:, p], shrinkage) for p in range(bank.shape[1])], 1)
 
 
+def position_maps(distances: torch.Tensor, model: MaskedAutoencoder) -> torch.Tensor:
+    """`position_distance`'s [N, L] -> maps [N, H, W] at the model's input size: each patch's distance over its
+    pixels (a coarse map, one value per patch, aligned with the input as `error_maps` are)."""
+    (gh, gw), p = model.grid_size, model.patch_size
+    return distances.float().view(-1, gh, gw).repeat_interleave(p, 1).repeat_interleave(p, 2)
+
+
 def _average_ranks(values: np.ndarray) -> np.ndarray:
     """1-based ranks, ties sharing their average rank."""
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)

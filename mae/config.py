@@ -675,10 +675,13 @@ class AnomalyConfig(PretrainedConfig, RunConfig):
     (docs/anomaly.md: which when)."""
     masks: int = ranged(4, ge=2)
     """Complementary mask sets per image: each masks 1 - 1/K of the patches, every patch masked K - 1 times."""
-    features: Literal["masked", "full"] = "masked"
+    features: Literal["masked", "full", "positions"] = "masked"
     """--score knn/gaussian/both/all: the encoder's patch tokens averaged over the visible patches of each of the
-    --masks sets, as in pretraining, then over the sets (masked: better for an MAE on one-class Fashion-MNIST), or
-    over the whole image (full: for an encoder not pretrained by masking)."""
+    --masks sets, as in pretraining, then over the sets (masked), or over the whole image (full: for an encoder not
+    pretrained by masking); --score gaussian also: the whole image's tokens one per patch position, each judged by
+    a Gaussian of its own position, the distances averaged (positions: PaDiM's model; the best MAE score on
+    one-class Fashion-MNIST; without recon, the maps are each patch's distance; memory: patches x width floats per
+    training image)."""
     aggregate: Literal["topk_mean", "mean", "max"] = "topk_mean"
     """An image's reconstruction score from its map: the mean of its top --top_percent pixels, the mean, or the max."""
     top_percent: float = ranged(1.0, gt=0, le=100)

@@ -20,6 +20,7 @@ from mae.anomaly_maps import (
     load_with_decoder,
     patch_tokens,
     position_distance,
+    position_maps,
     roc_curve,
 )
 from mae.models.masking import random_masking
@@ -195,6 +196,11 @@ def test_position_distance():
     tokens = patch_tokens(model, x)
     assert tokens.shape == (5, model.num_patches, model.encoder.embed_dim)
     torch.testing.assert_close(tokens.mean(1), encoder_features(model, x))
+    wide = mae.create_mae("mae_vit_micro_patch8", img_size=(24, 40))  # 3 x 5 patches of 8 px, in row order
+    grid = position_maps(torch.arange(30.0).view(2, 15), wide)
+    assert grid.shape == (2, 24, 40) and grid[1, 2 * 8 + 3, 4 * 8 + 7] == 15 + 2 * 5 + 4
+    assert torch.equal(grid[:, ::8, ::8].flatten(1), torch.arange(30.0).view(2, 15))
+    assert torch.equal(grid, grid[:, ::8, ::8].repeat_interleave(8, 1).repeat_interleave(8, 2))
 
 
 def test_an_encoder_only_file_is_refused(tmp_path):

@@ -27,6 +27,9 @@ from mae.anomaly_maps import (
     gaussian_distance,
     knn_distance,
     load_with_decoder,
+    patch_tokens,
+    position_distance,
+    position_maps,
     roc_curve,
 )
 from mae.config import IMAGENET_MEAN, IMAGENET_STD, AnomalyConfig, ConfigError
@@ -49,12 +52,15 @@ SCORE_COLUMNS = {"recon": ("recon",), "knn": ("knn",), "gaussian": ("gaussian",)
 @register_stage("anomaly", AnomalyConfig, "Anomaly maps and scores: reconstruction error, or feature distance.")
 def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     """Score every image of --data.path; write scores, maps, figures and (with known normals) AUROC / AUPR."""
+    columns = SCORE_COLUMNS[cfg.score]
+    recon, features = "recon" in columns, any(c != "recon" for c in columns)
+    if cfg.features == "positions" and "knn" in columns:
+        raise ConfigError(f"--features positions: a Gaussian per patch position, for --score gaussian; with --score "
+                          f"{cfg.score} (k-NN) give --features full or masked")  # fmt: skip
     model, mean, std = open_model(cfg)
     source = open_source(cfg.data.path, labeled=None, image_column=cfg.data.image_column,
                          label_column=cfg.data.label_column)  # fmt: skip
     normal = normal_class(cfg, source)
-    columns = SCORE_COLUMNS[cfg.score]
-    recon, features = "recon" in columns, any(c != "recon" for c in columns)
     train = open_train(cfg) if features else None
     check_output_dir(cfg)
     accelerator = open_accelerator(cfg)
@@ -75,7 +81,13 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
         query = out[:, pixels if recon else 0 :]
         if "knn" in columns:
             scores["knn"] = knn_distance(bank, query, cfg.k)
-        if "gaussian" in columns:
+        if "gaussian" in columns and cfg.features == "positions":
+            shape = (model.num_patches, -1)  # the rows: each position's tokens, flattened
+            distances = position_distance(bank.view(len(bank), *shape), query.view(len(query), *shape), cfg.shrinkage)
+            scores["gaussian"] = distances.mean(1)
+            if not recon:  # the map of the one score: each patch's distance
+                maps = position_maps(distances, model)
+        elif "gaussian" in columns:
             scores["gaussian"] = gaussian_distance(bank, query, cfg.shrinkage)
     positions = positions.numpy()
     anomalous = None if normal is None else source.labels[positions] != normal
@@ -88,7 +100,7 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
             gt = ground_truth(source, positions, size)
             if gt is not None:
                 metrics.update(pixel_auroc=auroc(maps[gt[0]].numpy(), gt[1]), pixel_images=int(len(gt[0])))
-            writer.maps(maps, scores["recon"])
+            writer.maps(maps, scores["recon" if recon else "gaussian"])
         writer.metrics(metrics, scores, anomalous)
         summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "auroc" in k or "aupr" in k)
         accelerator.print(f"anomaly: {len(positions)} images scored in {out_dir}" + (f"; {summary}" if summary else ""))
@@ -200,16 +212,20 @@ def loader(source: Any, cfg: AnomalyConfig, size: tuple[int, int], mean: tuple, 
 
 
 class ImageOutputs(nn.Module):
-    """Images -> one row each for `predict` to gather: the flattened map [H * W], then the encoder features [D]."""
+    """Images -> one row each for `predict` to gather: the flattened map [H * W], then the encoder features [D]
+    (with --features positions, every position's tokens [L * D])."""
 
     def __init__(self, model: nn.Module, *, maps: bool, features: bool, cfg: AnomalyConfig) -> None:
         super().__init__()
         self.model, self.maps, self.features, self.masks, self.seed = model, maps, features, cfg.masks, cfg.seed
         self.feature_masks = cfg.masks if cfg.features == "masked" else 0
+        self.positions = cfg.features == "positions"
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         parts = [error_maps(self.model, images, self.masks, self.seed).flatten(1)] if self.maps else []
-        if self.features:
+        if self.features and self.positions:
+            parts.append(patch_tokens(self.model, images).flatten(1))
+        elif self.features:
             parts.append(encoder_features(self.model, images, self.feature_masks, self.seed))
         return torch.cat(parts, 1)
 

@@ -16,7 +16,7 @@ from accelerate.state import AcceleratorState
 from PIL import Image
 
 import mae
-from mae.anomaly_maps import encoder_features, gaussian_distance, load_with_decoder
+from mae.anomaly_maps import encoder_features, gaussian_distance, load_with_decoder, patch_tokens, position_distance
 from mae.api import run as api_run
 from mae.cli import main
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
@@ -106,6 +106,31 @@ def silent(tmp_path, in_chans, img_size):
     return save_model(model, tmp_path / f"silent{in_chans}.safetensors")
 
 
+def test_position_maps_find_a_noise_square(tmp_path, trained, mvtec):
+    """--score gaussian --features positions: without reconstruction, each patch's distance to its position's
+    Gaussian is the map (one value per 8-px patch, at the input's size); its highest patch overlaps the noise
+    square, image and pixel AUROC are reported, and most_anomalous.png shows the maps."""
+    root, boxes = mvtec
+    train = tmp_path / "train"
+    train.mkdir()
+    for i, img in enumerate(smooth(np.random.default_rng(7), 64)):
+        Image.fromarray(img).save(train / f"{i}.png")
+    out = tmp_path / "out"
+    args = ["--score", "gaussian", "--features", "positions", "--train_path", train]
+    assert run("--pretrained", trained, "--data.path", root / "test", "--output_dir", out, *args) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["features"] == "positions" and metrics["pixel_images"] == 40
+    assert metrics["auroc"] > 0.95 and metrics["pixel_auroc"] > 0.8, metrics
+    overlaps = 0
+    for name, (top, left) in boxes.items():
+        m = np.load(out / "maps" / f"{name}.npy")
+        assert m.shape == (32, 32) and (m.reshape(4, 8, 4, 8) == m[::8, ::8][:, None, :, None]).all()  # per patch
+        r, c = (int(i) * 8 for i in np.unravel_index(m[::8, ::8].argmax(), (4, 4)))  # its highest patch's corner
+        overlaps += r < top + 9 and top < r + 8 and c < left + 9 and left < c + 8
+    assert overlaps >= 0.9 * len(boxes), overlaps
+    assert (out / "most_anomalous.png").is_file() and (out / "maps" / "good__000.png").is_file()
+
+
 @pytest.mark.parametrize("in_chans", [1, 13])
 def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
     """Files of the model's size give the map of the input exactly; a file twice as large is resized whole."""
@@ -133,13 +158,15 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
 @pytest.mark.parametrize(
     ("score", "columns", "features"),
     [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], None),
-     ("both", ["recon", "knn"], "full"), ("all", ["recon", "knn", "gaussian"], None)],
+     ("gaussian", ["gaussian"], "positions"), ("both", ["recon", "knn"], "full"),
+     ("all", ["recon", "knn", "gaussian"], None)],
 )  # fmt: skip
 def test_feature_scores(tmp_path, trained, mvtec, score, columns, features):
     """--score knn / gaussian / both / all: the columns of scores.csv and metrics.json, in the order the first of
     which metrics.json's auroc judges; the gaussian column is `gaussian_distance` of the encoder features (of the
     whole image, or with --features masked, the default (None: left out), of its --masks masked views), at the
-    default --shrinkage (gaussian) and at another (all)."""
+    default --shrinkage (gaussian) and at another (all); with --features positions, `position_distance` of the
+    whole image's tokens, averaged over the positions."""
     root, _ = mvtec
     train = tmp_path / "train"
     train.mkdir()
@@ -171,21 +198,29 @@ def test_feature_scores(tmp_path, trained, mvtec, score, columns, features):
 
         def features_of(paths):
             x = torch.stack([read(Image.open(p).convert("RGB")) for p in paths])
-            return encoder_features(model, x, masks=masks, seed=0)
+            with torch.no_grad():
+                return patch_tokens(model, x) if features == "positions" else encoder_features(model, x, masks, 0)
 
         bank = features_of(sorted(train.iterdir()))
         tests = sorted((root / "test").rglob("*.png"))
-        expected = gaussian_distance(bank, features_of(tests), shrinkage)
+        if features == "positions":
+            expected = position_distance(bank, features_of(tests), shrinkage).mean(1)
+        else:
+            expected = gaussian_distance(bank, features_of(tests), shrinkage)
         column = "score" if len(columns) == 1 else "gaussian_score"
         got = {Path(r["file"]).parts[-2:]: float(r[column]) for r in rows}
         np.testing.assert_allclose([got[p.parts[-2:]] for p in tests], expected.numpy(), rtol=1e-3)
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec):
+@pytest.mark.parametrize("score", ["recon", "positions"])
+def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec, score):
+    """The maps' scores, and the Gaussian per patch position (its training tokens gathered from both processes)."""
     root, _ = mvtec
     args = ["anomaly", *COMMON, "--loop.batch_size", "3", "--pretrained", str(trained), "--data.path",
             str(root / "test"), "--save_maps", "false"]  # fmt: skip
+    if score == "positions":  # the normal test images as the training images: 20 of them, 3 to a batch
+        args += ["--score", "gaussian", "--features", "positions", "--train_path", str(root / "test" / "good")]
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "mae", *args, "--output_dir", str(tmp_path / "two")],
@@ -214,6 +249,7 @@ def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec):
         ("knn_without_train", "--train_path: required with --score knn"),
         ("gaussian_without_train", "--train_path: required with --score gaussian"),
         ("shrinkage_out_of_range", "--shrinkage 0.0: must be > 0"),
+        ("positions_with_knn", "--features positions: a Gaussian per patch position, for --score gaussian"),
         ("channels_without_stats", "--data.mean: the run at"),
         ("masks_out_of_range", "--masks 1: must be >= 2"),
         ("too_many_masks", "--masks 99: at most 16"),
@@ -235,6 +271,8 @@ def test_bad_input_is_one_line(tmp_path, capsys, trained, mvtec, case, expected)
         args += ["--normal", "good"]
     elif case in ("knn_without_train", "gaussian_without_train"):
         args += ["--score", case.split("_")[0]]
+    elif case == "positions_with_knn":
+        args += ["--score", "all", "--features", "positions"]
     elif case == "shrinkage_out_of_range":
         args += ["--shrinkage", 0]
     elif case == "channels_without_stats":
