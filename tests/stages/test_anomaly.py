@@ -155,6 +155,27 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
     assert twice.shape == (24, 40) and twice[4:8, 21:28].min() > 0.9 and twice[expected == 0].max() < 0.3
 
 
+def test_position_maps_of_non_square_13_channel_images(tmp_path):
+    """--features positions on a model of 24 x 40 px and 13 channels: a map per image at the model's size, one
+    value per 8-px patch (3 x 5), each the image's distance at that position; its mean is the score."""
+    weights = silent(tmp_path, 13, (24, 40))
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(12):
+        np.save(data / f"{i:02d}.npy", rng.random((24, 40, 13), dtype=np.float32))
+    out = tmp_path / "out"
+    stats = ["--data.mean", f"[{','.join(['0.5'] * 13)}]", "--data.std", f"[{','.join(['0.3'] * 13)}]"]
+    args = ["--score", "gaussian", "--features", "positions", "--train_path", data, "--shrinkage", "0.1"]
+    assert run("--pretrained", weights, "--data.path", data, "--output_dir", out, *stats, *args) == 0
+    rows = {r["file"]: float(r["score"]) for r in csv.DictReader((out / "scores.csv").open())}
+    assert len(rows) == 12
+    for name, score in rows.items():
+        m = np.load(out / "maps" / f"{Path(name).stem}.npy")
+        assert m.shape == (24, 40) and (m.reshape(3, 8, 5, 8) == m[::8, ::8][:, None, :, None]).all()
+        assert m[::8, ::8].mean() == pytest.approx(score, rel=1e-4)
+
+
 @pytest.mark.parametrize(
     ("score", "columns", "features"),
     [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], None),
