@@ -8,9 +8,9 @@ concatenated; a Gaussian per patch position (PaDiM's model) on the last block's 
 the raw pixels of each patch; the CLS token; horizontally flipped images; the Gaussian fused with the k-NN distance
 or (the MAE only: a random decoder's maps are noise) with the reconstruction score, each standardised by its spread
 over the fit images. Recipe levers (`--variant NAME=JSON`, overrides of the recipe as `mae.pretrain` takes them):
-an MAE pretrained with the change on the same images and seed, scored with the study's Gaussian, beside the
-study's and beside a random-init model of the variant's architecture (its own baseline, where the change is
-architectural).
+an MAE pretrained with the change on the same images and seed, scored with the study's Gaussian and with its
+Gaussian per patch position, beside the study's and beside a random-init model of the variant's architecture (its
+own baseline, where the change is architectural).
 
     python scripts/anomaly_study.py --output runs/anomaly_study --seeds 1               # the runs, if not there
     python scripts/anomaly_levers.py --output runs/anomaly_study --seed 1                # scoring levers
@@ -60,6 +60,7 @@ from mae.anomaly_maps import (  # noqa: E402
     knn_distance,
     load_with_decoder,
     masked_view_features,
+    patch_tokens,
     position_distance,
 )
 from mae.run_folder import run_config  # noqa: E402
@@ -183,6 +184,17 @@ def study_gaussian(run: Path, fit: np.ndarray, val: np.ndarray, model=None, mask
     return gaussian_distance(*features, STUDY)
 
 
+def study_positions(run: Path, fit: np.ndarray, val: np.ndarray, model=None) -> torch.Tensor:
+    """The study's Gaussian per patch position (the MAE's score chosen on val since it was scored), averaged over
+    positions, of the run's MAE or of `model`, on the run's normalisation."""
+    stats = run_config(run)["data"]
+    model = load_with_decoder(run) if model is None else model
+    model.eval()
+    bank, query = (in_batches(lambda b: patch_tokens(model, b), as_input(x, stats["mean"], stats["std"]), BATCH)
+                   for x in (fit, val))  # fmt: skip
+    return position_distance(bank, query, STUDY).mean(1)
+
+
 def kept_rows(path: Path, classes: list[int], seed: int) -> dict:
     """The rows an earlier call wrote to `path` for the same classes and seed, which this call's rows join (so
     levers screened one call at a time end in one file); {} when there is none. A file of other classes or another
@@ -238,6 +250,7 @@ def main() -> None:
         if variants:  # first: a bad override ends the run before any scoring is lost
             study_mae = load_with_decoder(run)
             study = {m: auroc(study_gaussian(run, fit, val_x, study_mae, m).numpy(), anomalous) for m in VARIANT_MASKS}
+            study_per_position = auroc(study_positions(run, fit, val_x, study_mae).numpy(), anomalous)
             folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
         for name, overrides in variants.items():
             vrun = args.output / "variants" / name / f"class{c}_seed{args.seed}"
@@ -254,6 +267,10 @@ def main() -> None:
                     scores = study_gaussian(vrun, fit, val_x, model, masks).numpy()
                     row.setdefault(who, []).append(auroc(scores, anomalous))
                 row.setdefault("study's recipe", []).append(study[masks])
+            row = rows.setdefault(f"recipe: {name}, per patch position", {})
+            for who, model in pair:
+                row.setdefault(who, []).append(auroc(study_positions(vrun, fit, val_x, model).numpy(), anomalous))
+            row.setdefault("study's recipe", []).append(study_per_position)
         if args.scoring:
             stats = run_config(run)["data"]
             fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))

@@ -390,9 +390,9 @@ def test_anomaly_levers_refuse_a_levers_file_they_cannot_join(tmp_path, kept, er
 
 def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeypatch):
     """scripts/anomaly_levers.py --variant: pretrained once per class into OUTPUT/variants/NAME (a rerun scores the
-    kept run), then scored, on whole images and on masked views, beside the study's run and a random-init model of
-    the variant's own architecture; --scoring false measures nothing else; an override that `mae.pretrain` refuses
-    ends the run with one line naming the variant."""
+    kept run), then scored, on whole images, on masked views and per patch position, beside the study's run and a
+    random-init model of the variant's own architecture; --scoring false measures nothing else; an override that
+    `mae.pretrain` refuses ends the run with one line naming the variant."""
     from accelerate.state import AcceleratorState
 
     sys.path.insert(0, str(SCRIPT.parent))
@@ -424,7 +424,8 @@ def test_anomaly_levers_pretrains_a_variant_once_and_scores_it(tmp_path, monkeyp
     narrow = {**tiny, "model": {**tiny["model"], "embed_dim": 8}}  # an architectural lever
     narrow["data"] = {"crop_scale": [1.0, 1.0]}  # and a data one, merged with the class's folder
     rows = levers("--variant", "narrow=" + json.dumps(narrow))
-    assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views (2 sets)", "recipe: narrow, masked views"]
+    assert list(rows) == ["recipe: narrow", "recipe: narrow, masked views (2 sets)", "recipe: narrow, masked views",
+                          "recipe: narrow, per patch position"]  # fmt: skip
     for row in rows.values():
         assert set(row) == {"mae", "random-init", "study's recipe"} and all(0 <= v[0] <= 1 for v in row.values())
     assert run_config(variant)["model"]["embed_dim"] == 8 and run_config(variant)["data"]["crop_scale"] == [1.0, 1.0]
