@@ -247,8 +247,8 @@ def main() -> None:
     for c in args.classes:
         run = args.output / f"class{c}_seed{args.seed}"
         fit, val_x, anomalous = split(train_x, train_y, c, args.seed)
+        study_mae = load_with_decoder(run)
         if variants:  # first: a bad override ends the run before any scoring is lost
-            study_mae = load_with_decoder(run)
             study = {m: auroc(study_gaussian(run, fit, val_x, study_mae, m).numpy(), anomalous) for m in VARIANT_MASKS}
             study_per_position = auroc(study_positions(run, fit, val_x, study_mae).numpy(), anomalous)
             folder = write_class_folder(fit, args.output / "classes" / f"{c}_seed{args.seed}")
@@ -274,7 +274,6 @@ def main() -> None:
         if args.scoring:
             stats = run_config(run)["data"]
             fit_t, val_t = (as_input(x, stats["mean"], stats["std"]) for x in (fit, val_x))
-            study_mae = load_with_decoder(run)
             for name, model in (("mae", study_mae), ("random-init", random_like(run, args.seed))):
                 for lever, scores in scoring_levers(model, fit_t, val_t, args.seed, name == "mae").items():
                     rows.setdefault(lever, {}).setdefault(name, []).append(auroc(scores.numpy(), anomalous))

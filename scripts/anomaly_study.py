@@ -25,7 +25,7 @@ and 1 writes its `results.json` there too. `--override` (a recipe lever on the w
 run (the run's config.yaml less what the study sets for each class and seed: recipe file and override together)
 are recorded with each run's scores; runs of different recipes or epochs are never summarised together. With
 `--rescore`, runs whose kept scores predate a method of this script are scored again, every method, from the
-pretraining in `--output` (its minutes and CPU kept).
+pretraining in `--output` (its minutes, CPU and override kept).
 
 Public API only: `mae.pretrain`, `mae.load_pretrained` (through `mae.anomaly_maps.load_with_decoder`),
 `mae.anomaly_maps`.
@@ -210,7 +210,12 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
         except mae.MaeError as e:  # e.g. an --override the recipe's options refuse: one line, nothing scored
             sys.exit(f"--override {json.dumps(args.override)}: {e}" if args.override else str(e))
         (run / "pretrain_minutes").write_text(f"{(time.time() - t) / 60:.2f}")  # kept for a rerun of the study
-    minutes = earlier["pretrain minutes"] if earlier else float((run / "pretrain_minutes").read_text())
+    # The pretraining's record (its minutes, CPU and override): a rescore keeps the earlier one's, the same run's.
+    if earlier is None:
+        made = {"pretrain minutes": float((run / "pretrain_minutes").read_text()), "cpu": cpu()}
+        made |= {"override": args.override} if args.override else {}
+    else:
+        made = {k: earlier[k] for k in ("pretrain minutes", "cpu", "override") if k in earlier}
     config = run_config(run)
     stats = config["data"]
     model = load_with_decoder(run)
@@ -221,20 +226,12 @@ def one_class(args, c: int, seed: int, data: dict) -> dict:
     scores.update(baselines(fit, query))
     # The recipe as pretrained (recipe file and override together): runs of a recipe file edited between them are
     # told apart though their overrides agree.
-    result: dict = {
-        "pretrain minutes": minutes,
-        "epochs": config["loop"]["epochs"],
-        "recipe": recipe_of(config),
-        "cpu": cpu() if earlier is None else earlier.get("cpu", "not recorded"),  # the pretraining's
-        "scoring": SCORING,
-    }
+    result: dict = {"epochs": config["loop"]["epochs"], "recipe": recipe_of(config), **made, "scoring": SCORING}
     if earlier is not None:
         result["rescored on"] = cpu()
-    if args.override:
-        result["override"] = args.override
     for part, (rows, anomalous) in parts.items():
         result[part] = {k: auroc(v[rows].numpy(), anomalous) for k, v in scores.items()}
-    print(f"class {c} ({CLASSES[c]}), seed {seed}, {minutes:.1f} min pretraining; test AUROC: "
+    print(f"class {c} ({CLASSES[c]}), seed {seed}, {made['pretrain minutes']:.1f} min pretraining; test AUROC: "
           + ", ".join(f"{k} {v:.4f}" for k, v in result["test"].items()), flush=True)  # fmt: skip
     for path in (run / "study_scores.json", kept):
         if path is not None:

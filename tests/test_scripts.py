@@ -166,7 +166,7 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     older = {**result, "scoring": 1, "cpu": "an older CPU", "val": {"mae gone": 0.5}, "test": {"mae gone": 0.5}}
     (tmp_path / "keep" / "class3_seed0.json").write_text(json.dumps(older))
     assert anomaly_study.one_class(args, 3, 0, {}) == older
-    args.rescore = True
+    args.rescore, args.override = True, {}  # the pretraining's override is the record's, whatever this call gives
     again = anomaly_study.one_class(args, 3, 0, {"train": (x, y), "test": (x, y)})
     assert again == {**result, "cpu": "an older CPU", "rescored on": again["rescored on"]}
     assert json.loads((tmp_path / "out" / "class3_seed0" / "study_scores.json").read_text()) == again
