@@ -162,7 +162,7 @@ def test_anomaly_study_records_the_recipe_it_ran(tmp_path):
     assert result["scoring"] == anomaly_study.SCORING and "rescored on" not in result
 
     # --rescore: scores kept before a method was added are scored again from the kept pretraining (the same
-    # numbers, the pretraining's minutes and CPU kept); without it, or once rescored, the kept scores stand.
+    # numbers, the pretraining's minutes, CPU and override kept); without it, or once rescored, the kept scores stand.
     older = {**result, "scoring": 1, "cpu": "an older CPU", "val": {"mae gone": 0.5}, "test": {"mae gone": 0.5}}
     (tmp_path / "keep" / "class3_seed0.json").write_text(json.dumps(older))
     assert anomaly_study.one_class(args, 3, 0, {}) == older
