@@ -176,6 +176,28 @@ def test_position_maps_of_non_square_13_channel_images(tmp_path):
         assert m[::8, ::8].mean() == pytest.approx(score, rel=1e-4)
 
 
+@pytest.mark.parametrize("features", ["full", "positions"])
+def test_recon_leaves_features_aside(tmp_path, features):
+    """--score recon takes no features: with --features full or positions it reads no training images (none is
+    given, the weights have no run folder) and writes the default's scores and maps, the reconstruction error's."""
+    weights = silent(tmp_path, 1, (24, 32))
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (24, 32), dtype=np.uint8)).save(data / f"{i}.png")
+    stats = ["--data.mean", "[0.5]", "--data.std", "[0.25]"]
+    outs = {f: tmp_path / f for f in ("default", features)}
+    assert run("--pretrained", weights, "--data.path", data, "--output_dir", outs["default"], *stats) == 0
+    assert run("--pretrained", weights, "--data.path", data, "--output_dir", outs[features], *stats,
+               "--features", features) == 0  # fmt: skip
+    scores = {f: (out / "scores.csv").read_text() for f, out in outs.items()}
+    assert scores[features] == scores["default"] and len(scores["default"].splitlines()) == 7
+    for i in range(6):
+        maps = [np.load(out / "maps" / f"{i}.npy") for out in outs.values()]
+        assert maps[0].shape == (24, 32) and (maps[0] == maps[1]).all()
+
+
 @pytest.mark.parametrize(
     ("score", "columns", "features"),
     [("knn", ["knn"], "full"), ("gaussian", ["gaussian"], "full"), ("gaussian", ["gaussian"], None),
