@@ -17,6 +17,7 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
     python scripts/anomaly_study.py --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
     python scripts/anomaly_study.py --output runs/anomaly_e192 \
         --override '{"model": {"embed_dim": 192, "num_heads": 3}, "loop": {"epochs": 30}}'   # a recipe lever
+    python scripts/anomaly_study.py --keep docs/results/anomaly_study_crop1 --table    # docs/anomaly.md's table
 
 With `--keep DIR`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
@@ -256,6 +257,48 @@ def write_whole(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# The study's methods as docs/anomaly.md's tables name and order them (a method not named here is left out).
+TABLE_ROWS = {
+    "mae gaussian positions": "MAE: Gaussian per patch position",
+    "mae gaussian features": "MAE: Gaussian feature distance",
+    "mae gaussian masked features": "MAE: Gaussian feature distance, masked views",
+    "mae knn features": "MAE: k-NN feature distance",
+    "mae knn masked features": "MAE: k-NN feature distance, masked views",
+    "mae recon": "MAE: reconstruction",
+    "random-init gaussian positions": "random-init: Gaussian per patch position",
+    "random-init gaussian features": "random-init: Gaussian feature distance",
+    "random-init gaussian masked features": "random-init: Gaussian feature distance, masked views",
+    "random-init knn features": "random-init: k-NN feature distance",
+    "random-init knn masked features": "random-init: k-NN feature distance, masked views",
+    "gaussian raw pixels": "raw pixels: Gaussian distance",
+    "knn raw pixels": "raw pixels: k-NN distance",
+    "pca error": "raw pixels: PCA error",
+}
+
+
+def table(report: dict) -> str:
+    """docs/anomaly.md's table of a study's results.json: test AUROC in percent, each method at its setting chosen on
+    val; per class the mean over seeds, each seed's mean over classes, their mean and (val); the MAE's score bold."""
+    classes, seeds = sorted(report["protocol"]["classes"]), sorted(report["protocol"]["seeds"])
+    chosen, summary, runs = report["chosen_on_val"], report["summary"], report["per_run"]
+    names = [f"{c} {CLASSES[c].split('/')[0].replace('Ankle b', 'B')}" for c in classes]  # "9 Boot", "0 T-shirt"
+    lines = [f"| method (setting) | {' | '.join(names)} | {' | '.join(f'seed {s}' for s in seeds)} | **mean** (val) |",
+             "|---" * (len(classes) + len(seeds) + 2) + "|"]  # fmt: skip
+    for family, label in TABLE_ROWS.items():
+        if family not in chosen:
+            continue
+        m = chosen[family]
+        setting = f" ({m.split(SETTING)[1]})" if SETTING in m else ""
+        per_class = [100 * np.mean([runs[f"{c}/{s}"]["test"][m] for s in seeds]) for c in classes]
+        per_seed = [100 * summary["test"][f"seed {s}"][m] for s in seeds]
+        mean, val = (100 * summary[part]["mean over seeds"][m] for part in ("test", "val"))
+        first, last = (f"**{label}**{setting}", f"**{mean:.2f}** ({val:.2f})") if m == chosen["mae"] else (
+            f"{label}{setting}", f"{mean:.2f} ({val:.2f})")  # fmt: skip
+        cells = [first, *(f"{x:.1f}" for x in per_class), *(f"{x:.2f}" for x in per_seed), last]
+        lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def choose(summary: dict) -> dict:
     """{method: its score as reported}: each method at its setting with the best mean val AUROC, and "mae" for
     the best of the MAE's methods on val (its score in the study)."""
@@ -296,7 +339,17 @@ def main() -> None:
     parser.add_argument("--override", default="{}", metavar="JSON",
                         help="a change of the recipe, as mae.pretrain takes it (a recipe lever measured on the whole "
                         "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip
+    parser.add_argument("--table", action="store_true",
+                        help="print docs/anomaly.md's table of the kept study's results.json (--keep, else --output) "
+                        "and exit")  # fmt: skip
     args = parser.parse_args()
+    if args.table:
+        kept = (args.keep or args.output) / "results.json"
+        if not kept.exists():
+            parser.exit(2, f"--table: {kept} does not exist; a study writes it once all 10 classes and both seeds "
+                        "are scored\n")  # fmt: skip
+        print(table(json.loads(kept.read_text())))
+        return
     try:
         args.override = recipe_change(args.override)
     except (ValueError, TypeError) as e:

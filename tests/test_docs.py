@@ -1,6 +1,7 @@
 """The documentation is true: every `mae ...` command in the README and docs/ parses, every Python block runs (or
 says why it cannot), the option reference is current, and the Python walk-through runs on tiny data."""
 
+import json
 import os
 import re
 import shlex
@@ -177,3 +178,21 @@ def test_the_python_walk_through_runs_on_tiny_data(tmp_path, monkeypatch):
     assert namespace["ft"].export == Path("runs/ft/classifier.safetensors")
     assert namespace["clf"].classes == ["blue", "green", "red"]
     assert abs(namespace["probs"].sum().item() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("kept", sorted((ROOT / "docs" / "results").glob("anomaly_study*/results.json")),
+                         ids=lambda p: p.parent.name)  # fmt: skip
+def test_the_anomaly_tables_are_the_kept_studies(kept, monkeypatch):
+    """docs/anomaly.md's table of a kept study (`scripts/anomaly_study.py --table`) shows its numbers: the MAE's score
+    (its bold row) is there, and every row of the table holding it is a row of the study's table (a table may leave
+    rows out or reorder them, never change one)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import anomaly_study
+
+    head, _, *rows = anomaly_study.table(json.loads(kept.read_text())).splitlines()
+    ours = next(r for r in rows if r.startswith("| **"))
+    page = (ROOT / "docs" / "anomaly.md").read_text().split("\n\n")  # a table is one paragraph
+    shown = [[r for r in p.splitlines() if r.startswith("| ") and r != head] for p in page if ours in p.splitlines()]
+    assert shown, f"{kept.parent.name}: the MAE's score, {ours[:60]}..., is in no table of docs/anomaly.md"
+    for table in shown:
+        assert set(table) <= set(rows), f"{kept.parent.name}: rows not its study's: {sorted(set(table) - set(rows))}"
