@@ -215,6 +215,16 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     assert report["protocol"]["recipe"] == KEPT_RECIPE
     assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.949)
     assert "+4.90 points" in proc.stdout  # 0.949 against the random-init Gaussian's 0.90
+    table = subprocess.run([sys.executable, str(study), "--keep", str(keep), "--table"], capture_output=True, text=True)
+    assert table.returncode == 0, table.stderr  # docs/anomaly.md's table: the MAE's score bold, 0.949 on seed 0
+    rows = {r.split(" | ")[0]: r for r in table.stdout.splitlines()[2:]}
+    assert set(rows) == {"| **MAE: Gaussian feature distance** (0.001)", "| random-init: Gaussian feature distance "
+                         "(0.001)", "| raw pixels: PCA error"}  # fmt: skip
+    assert rows["| raw pixels: PCA error"].endswith(" | 80.00 | 80.00 (80.00) |")
+    assert " | 94.90 | 94.90 | **94.90** (94.90) |" in rows["| **MAE: Gaussian feature distance** (0.001)"]
+    table = subprocess.run([sys.executable, str(study), "--output", str(tmp_path / "none"), "--table"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert table.returncode == 2 and table.stderr.startswith("--table: ") and table.stderr.count("\n") == 1
 
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))
     proc = run(*range(10))
