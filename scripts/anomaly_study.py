@@ -346,9 +346,12 @@ def main() -> None:
     if args.table:
         kept = (args.keep or args.output) / "results.json"
         if not kept.exists():
-            parser.exit(2, f"--table: {kept} does not exist; a study writes it once all 10 classes and both seeds "
-                        "are scored\n")  # fmt: skip
-        print(table(json.loads(kept.read_text())))
+            parser.exit(2, f"--table: {kept} does not exist; run the study first (a --keep folder gets it once all 10 "
+                        "classes and both seeds are kept)\n")  # fmt: skip
+        try:
+            print(table(json.loads(kept.read_text())))
+        except (ValueError, KeyError, TypeError) as e:
+            parser.exit(2, f"--table: {kept} is not a study's results.json ({e!r}); run the study again to write it\n")
         return
     try:
         args.override = recipe_change(args.override)

@@ -222,9 +222,12 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
                          "(0.001)", "| raw pixels: PCA error"}  # fmt: skip
     assert rows["| raw pixels: PCA error"].endswith(" | 80.00 | 80.00 (80.00) |")
     assert " | 94.90 | 94.90 | **94.90** (94.90) |" in rows["| **MAE: Gaussian feature distance** (0.001)"]
-    table = subprocess.run([sys.executable, str(study), "--output", str(tmp_path / "none"), "--table"],
-                           capture_output=True, text=True)  # fmt: skip
-    assert table.returncode == 2 and table.stderr.startswith("--table: ") and table.stderr.count("\n") == 1
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text('{"protocol": {}}')
+    for folder in ("none", "bad"):  # no results.json; not a study's
+        table = subprocess.run([sys.executable, str(study), "--output", str(tmp_path / folder), "--table"],
+                               capture_output=True, text=True)  # fmt: skip
+        assert table.returncode == 2 and table.stderr.startswith("--table: ") and table.stderr.count("\n") == 1
 
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))
     proc = run(*range(10))
