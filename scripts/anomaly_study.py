@@ -17,7 +17,7 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
     python scripts/anomaly_study.py --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
     python scripts/anomaly_study.py --output runs/anomaly_e192 \
         --override '{"model": {"embed_dim": 192, "num_heads": 3}, "loop": {"epochs": 30}}'   # a recipe lever
-    python scripts/anomaly_study.py --keep docs/results/anomaly_study_crop1 --table    # docs/anomaly.md's table
+    python scripts/anomaly_study.py --keep docs/results/anomaly_study_p2 --table       # docs/anomaly.md's table
 
 With `--keep DIR`, each class and seed's scores (and the CPU and minutes of its
 pretraining) are also written there, and a class and seed found there is not run again: the documented study,
@@ -332,7 +332,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="shorten the recipe (a reduced protocol)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="also keep each class and seed's scores here, and take them from here when present: a "
-                        "study over machines (docs/results/anomaly_study_crop1: the documented one)")  # fmt: skip
+                        "study over machines (docs/results/anomaly_study_p2: the recipe's)")  # fmt: skip
     parser.add_argument("--rescore", action="store_true",
                         help="score kept runs again where their scores predate a method of this script (their "
                         "pretraining in --output kept): every method on the same runs")  # fmt: skip
