@@ -331,7 +331,7 @@ class Writer:
         most anomalous images with their maps."""
         from torchvision.utils import make_grid
 
-        from mae.figures import heat_colour, heat_overlay, save_grid
+        from mae.figures import enlarge, heat_colour, heat_overlay, save_grid
 
         sample = maps.flatten()[torch.randperm(maps.numel(), generator=torch.Generator().manual_seed(0))[: 10**6]]
         top = sample.quantile(0.999).clamp_min(1e-12)
@@ -349,7 +349,9 @@ class Writer:
         worst = torch.argsort(scores, descending=True, stable=True)[: self.cfg.figure_images].tolist()
         original = self.images(worst)
         rows = torch.stack([original, heat_overlay(original, heat[worst]), heat_colour(heat[worst])], 1)
-        save_grid(make_grid(rows.flatten(0, 1), nrow=3, padding=2, pad_value=1.0), self.out / MOST_ANOMALOUS)
+        # small images (28-px) enlarged to at least 128 px a side, as in the reconstruction previews
+        figure = make_grid(enlarge(rows.flatten(0, 1)), nrow=3, padding=2, pad_value=1.0)
+        save_grid(figure, self.out / MOST_ANOMALOUS)
 
 
 def _ranks(scores: torch.Tensor) -> np.ndarray:

@@ -96,6 +96,9 @@ def test_a_noise_square_is_found(tmp_path, trained, mvtec):
     assert {"file", "score", "rank", "class", "anomalous"} == set(rows[0])
     for name in ("most_anomalous.png", "roc.png", "maps/good__000.png"):
         assert (out / name).is_file()
+    # the figure draws the 32-px images enlarged (image, overlay, map; 8 rows), the overlays at the maps' size
+    assert Image.open(out / "most_anomalous.png").size == (3 * 128 + 4 * 2, 8 * 128 + 9 * 2)
+    assert Image.open(out / "maps" / "good__000.png").size == (32, 32)
 
 
 def silent(tmp_path, in_chans, img_size):
