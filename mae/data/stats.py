@@ -33,7 +33,7 @@ def channel_stats(source, in_chans: int, *, samples: int = 1000, seed: int = 0) 
         img, bad = load_image(source, int(index), in_chans)
         if bad is not None:
             continue
-        x = img if isinstance(img, torch.Tensor) else torch.from_numpy(np.asarray(img)).permute(2, 0, 1) / 255.0
+        x = img if isinstance(img, torch.Tensor) else torch.from_numpy(np.array(img)).permute(2, 0, 1) / 255.0
         x = x.double().flatten(1)  # [C, H * W], float64: sums over millions of pixels
         total += x.sum(1).numpy()
         squares += (x * x).sum(1).numpy()

@@ -163,6 +163,7 @@ def test_statistics_given_for_another_channel_count_are_a_one_line_error(tmp_pat
                                           "channel, or auto to measure them"), err  # fmt: skip
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch's on a read-only array of a PIL image
 def test_stats_reads_rgb_by_default(tmp_path, capsys):
     from tests.conftest import make_images
 
