@@ -44,7 +44,7 @@ def stream(path, rank=0, world=1, shuffle=True) -> StreamSamples:
     source = StreamSource(f"hf:{path}")
 
     def prepare(img, epoch, index):
-        return {"image": torch.from_numpy(np.asarray(img)).permute(2, 0, 1), "noise": torch.zeros(1), "index": index}
+        return {"image": torch.from_numpy(np.array(img)).permute(2, 0, 1), "noise": torch.zeros(1), "index": index}
 
     return StreamSamples(source, prepare, seed=0, rank=rank, world=world, in_chans=3, shuffle=shuffle)
 
