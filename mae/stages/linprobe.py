@@ -111,8 +111,9 @@ class FeatureSamples(torch.utils.data.Dataset):
 def _cached(setup: Downstream, cfg: Any, encoder, source, cache: Path | None, name: str):
     """(features, labels) of a labeled source, computed once (and kept on disk, memory-mapped, with `cache`)."""
     if cache is not None and (cache / f"{name}_features.npy").exists():
-        feats = np.load(cache / f"{name}_features.npy", mmap_mode="r")
-        return torch.from_numpy(np.asarray(feats)), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
+        # copy-on-write: still memory-mapped, but writable, so torch does not warn of a read-only array
+        feats = np.load(cache / f"{name}_features.npy", mmap_mode="c")
+        return torch.from_numpy(feats), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
     accelerator = setup.accelerator
     feats, labels = predict(encoder, prepare_eval(accelerator, labeled_eval_loader(setup, source, cfg)), accelerator)
     if cache is not None and accelerator.is_main_process:

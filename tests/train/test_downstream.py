@@ -93,6 +93,24 @@ def test_linprobe_learns_and_never_touches_the_encoder(tmp_path, labeled, encode
     assert export_top1(out, labeled) == pytest.approx(last["top1"], abs=100 / 30 + 1e-9)  # to within one image
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch's on a read-only memory-mapped array
+def test_cached_features_on_disk_are_read_back(tmp_path, labeled, encoder, monkeypatch):
+    """--cache_dir: the first run encodes and writes the features, the second reads them (the encoder never runs)
+    and trains the same probe."""
+    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 2, "--mode", "cached",
+            "--optim.optimizer", "sgd", "--cache_dir", tmp_path / "cache"]  # fmt: skip
+    assert run("linprobe", *args, "--output_dir", tmp_path / "first") == 0
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "train_features.npy", "train_labels.npy", "val_features.npy", "val_labels.npy"]  # fmt: skip
+
+    def never(self, *a, **k):
+        raise AssertionError("the encoder ran although the features were cached")
+
+    monkeypatch.setattr(VisionTransformer, "forward_features", never)
+    assert run("linprobe", *args, "--output_dir", tmp_path / "second") == 0
+    assert evals(tmp_path / "second")[-1] == evals(tmp_path / "first")[-1]
+
+
 def export_top1(out, data) -> float:
     """Top-1 of the classifier a run exported, over the run's held-out split, computed here image by image."""
     from PIL import Image
