@@ -35,10 +35,7 @@ def reconstruction_grid(
     device = next(model.parameters()).device
     x = normalize(images.to(device), mean, std)
     out = model(x, noise=noise.to(device))
-    pred = out.pred.float()
-    if model.norm_pix_loss:
-        target = model.patchify(x)
-        pred = pred * (target.var(-1, keepdim=True) + 1.0e-6) ** 0.5 + target.mean(-1, keepdim=True)
+    pred = model.target_to_pixels(out.pred.float(), x)
     mask = out.mask.unsqueeze(-1).expand_as(pred)  # 1 = masked
     recon = model.unpatchify(pred)
     mask_img = model.unpatchify(mask)

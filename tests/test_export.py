@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
 
 import mae
+from mae.weights.record import read_spec
 from mae.cli import main
 from mae.weights.importers import CheckpointError
 
@@ -26,8 +27,10 @@ def test_export_loads_strictly_in_timm_with_same_features(tmp_path, name):
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
     arch, args = meta["architecture"], json.loads(meta["model_args"])
-    assert timm.is_model(arch) and meta["global_pool"] == "token" and meta["mae_version"] == mae.__version__
-    assert json.loads(meta["mean"]) == [0.485, 0.456, 0.406]
+    assert timm.is_model(arch) and args["global_pool"] == "token" and meta["mae_version"] == mae.__version__
+    # no statistics recorded: the record's rule gives timm ImageNet's for 3 channels, and the record says "unknown"
+    assert json.loads(meta["pretrained_cfg"])["mean"] == [0.485, 0.456, 0.406]
+    assert read_spec(path) == model.spec and model.spec.mean is None
     # timm itself loads the file (strictly: load_pretrained raises on any missing or extra key)
     vit = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=0),
                             num_classes=0, **args).eval()  # fmt: skip

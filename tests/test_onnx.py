@@ -12,6 +12,7 @@ from mae.cli import main
 from mae.models.classifier import build_classifier
 from mae.weights.classifier import save_classifier
 from mae.weights.importers import read_encoder
+from mae.weights.record import read_spec
 from mae.weights.onnx import export_onnx, onnx_metadata
 
 ort = pytest.importorskip("onnxruntime")
@@ -22,7 +23,7 @@ def _classifier(folder, spec, classes):
     model, arch, args = build_classifier(spec, len(classes))
     torch.nn.init.normal_(model.head.weight, std=0.1)
     save_classifier(model, folder / "classifier.safetensors", arch=arch, args=args, classes=classes,
-                    mean=list(spec.mean), std=list(spec.std))  # fmt: skip
+                    mean=list(spec.mean), std=list(spec.std), record=spec.record)  # fmt: skip
     return model.eval()
 
 
@@ -87,6 +88,9 @@ def test_metadata_records_input_size_normalisation_opset_and_classes(vit_b):
 @pytest.mark.parametrize("in_chans", [1, 13])
 def test_any_channel_count_encoder_and_classifier(tmp_path, in_chans):
     model = mae.create_mae("mae_vit_micro_patch8", in_chans=in_chans).eval()
+    with pytest.raises(mae.CheckpointError, match=f"normalisation for its {in_chans} channels was never recorded"):
+        mae.export_encoder(model, tmp_path / "enc.safetensors")  # no default statistics beside 3 channels
+    model.record_stats((0.5,) * in_chans, tuple(0.1 + i / 100 for i in range(in_chans)))
     mae.export_encoder(model, tmp_path / "enc.safetensors")
     encoder_onnx = export_onnx(tmp_path / "enc.safetensors", tmp_path / "enc.onnx")  # verified as it is written
     spec = read_encoder(str(tmp_path / "enc.safetensors"))
@@ -94,6 +98,9 @@ def test_any_channel_count_encoder_and_classifier(tmp_path, in_chans):
     classifier_onnx = export_onnx(tmp_path / "classifier.safetensors", tmp_path / "cls.onnx")
     assert json.loads(onnx_metadata(encoder_onnx)["input_size"]) == [in_chans, 32, 32]
     assert len(json.loads(onnx_metadata(encoder_onnx)["mean"])) == in_chans
+    assert read_spec(encoder_onnx) == model.spec == read_spec(tmp_path / "enc.safetensors")
+    classifier_record = read_spec(classifier_onnx)
+    assert classifier_record.std == model.spec.std and classifier_record.embed_dim == model.spec.embed_dim
     for batch in (1, 7):
         x = torch.randn(batch, in_chans, 32, 32)
         with torch.no_grad():

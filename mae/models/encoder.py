@@ -30,6 +30,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from mae.models.pos_embed import sincos_2d
+from mae.models.spec import ModelSpec
 
 
 class EncoderAdapter(ABC):
@@ -252,13 +253,14 @@ def create_encoder(
 @dataclass(frozen=True)
 class EncoderSpec:
     """An encoder as the downstream stages receive it: `timm.create_model(arch, **args)` with `state` loaded
-    (timm key names) is the encoder, pretrained on images normalised with `mean` and `std`."""
+    (timm key names) is the encoder, pretrained on images normalised with `mean` and `std` (the record's)."""
 
     arch: str
     args: dict[str, Any]
     state: dict[str, torch.Tensor]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+    mean: tuple[float, ...] | None  # None: never recorded, and no default for this channel count
+    std: tuple[float, ...] | None
+    record: ModelSpec | None = None  # the model record it came with (written into what is made of it)
 
     @property
     def in_chans(self) -> int:

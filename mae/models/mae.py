@@ -11,6 +11,7 @@ from mae.models.decoder import decoder_class
 from mae.models.encoder import EncoderAdapter, create_encoder, encoder_adapter, init_mae_weights
 from mae.models.masking import Masking, gather_tokens, random_masking
 from mae.models.patches import patchify, unpatchify
+from mae.models.spec import ModelSpec
 
 
 class MAEOutput(NamedTuple):
@@ -51,10 +52,14 @@ class MaskedAutoencoder(nn.Module):
         encoder_arch: str = "vit_base_patch16_224",
         decoder: str = "mae",
         predict_ratio: float = 1.0,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
     ) -> None:
         """`encoder_arch` is a timm architecture; `patch_size`, `embed_dim`, `depth`, `num_heads` and
         `mlp_ratio` change its values (None keeps them). `decoder` names a registered decoder (`list_decoders()`:
-        the paper's "mae", CrossMAE's "cross", which predicts `predict_ratio` of the masked patches, or yours)."""
+        the paper's "mae", CrossMAE's "cross", which predicts `predict_ratio` of the masked patches, or yours).
+        `mean` / `std`: the per-channel normalisation of the inputs it is trained on (recorded in `spec`, not used
+        by the forward pass, which takes normalised images)."""
         decoder_cls = decoder_class(decoder)
         super().__init__()
         img_size = _pair(img_size)
@@ -98,6 +103,28 @@ class MaskedAutoencoder(nn.Module):
             predict_ratio=predict_ratio,
         )
         init_mae_weights(self)
+        _, args = adapter.timm_architecture()
+        self._spec = ModelSpec(
+            encoder_arch=encoder_arch, img_size=img_size, patch_size=self.patch_size, in_chans=in_chans,
+            embed_dim=adapter.embed_dim, depth=adapter.depth, num_heads=adapter.num_heads,
+            mlp_ratio=args.get("mlp_ratio", mlp_ratio), decoder=decoder, decoder_embed_dim=decoder_embed_dim,
+            decoder_depth=decoder_depth, decoder_num_heads=decoder_num_heads, decoder_mlp_ratio=decoder_mlp_ratio,
+            predict_ratio=predict_ratio, mask_ratio=mask_ratio, norm_pix_loss=norm_pix_loss, mean=mean, std=std,
+        )  # fmt: skip
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> MaskedAutoencoder:
+        """A freshly initialised model of `spec` (`model.spec == spec`)."""
+        return cls(**spec.model_args())
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The record of this model: what rebuilds it (`from_spec`) and the inputs it expects."""
+        return self._spec
+
+    def record_stats(self, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> None:
+        """Record the normalisation of the data it trains on (None keeps what is recorded)."""
+        self._spec = self._spec.with_stats(mean, std)
 
     @property
     def adapter(self) -> EncoderAdapter:
@@ -146,6 +173,15 @@ class MaskedAutoencoder(nn.Module):
             var = target.var(dim=-1, keepdim=True)  # unbiased, as the reference
             target = (target - mean) / (var + 1.0e-6) ** 0.5
         return target
+
+    def target_to_pixels(self, pred: torch.Tensor, imgs: torch.Tensor) -> torch.Tensor:
+        """The inverse of `forward_target`: predictions [N, L, p*p*C] in the target space -> patches of `imgs`' own
+        (normalised) pixel space, each patch rescaled with the true patch's mean and std when `norm_pix_loss` (as the
+        paper's figures show reconstructions)."""
+        if not self.norm_pix_loss:
+            return pred
+        target = self.patchify(imgs.float())
+        return pred * (target.var(dim=-1, keepdim=True) + 1.0e-6) ** 0.5 + target.mean(dim=-1, keepdim=True)
 
     def forward_loss(self, imgs: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Mean over masked patches of the per-patch MSE; `mask` [N, L] has 1 = masked."""

@@ -32,7 +32,7 @@ from mae.anomaly_maps import (
     position_maps,
     roc_curve,
 )
-from mae.config import IMAGENET_MEAN, IMAGENET_STD, AnomalyConfig, ConfigError
+from mae.config import AnomalyConfig, ConfigError
 from mae.data.labeled import LabeledSamples, Subset
 from mae.data.open import open_source
 from mae.data.transforms import collate_labeled, normalize, resized_crop
@@ -109,8 +109,8 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
 
 
 def open_model(cfg: AnomalyConfig):
-    """(the MAE with its decoder, mean, std): statistics from --data.mean/std, else the run's config.yaml, else
-    the file's metadata, else ImageNet's for 3 channels."""
+    """(the MAE with its decoder, mean, std): statistics from --data.mean/std, else the model record's
+    (`ModelSpec.input_stats`: recorded, or ImageNet's for 3 channels)."""
     if not cfg.pretrained:
         raise ConfigError("--pretrained: required: a pretraining output folder, or a checkpoint with its decoder")
     if not Path(cfg.pretrained).exists():
@@ -122,9 +122,8 @@ def open_model(cfg: AnomalyConfig):
         raise ConfigError(f"--pretrained {cfg.pretrained}: {message}") from None
     if cfg.masks > model.num_patches:
         raise ConfigError(f"--masks {cfg.masks}: at most {model.num_patches}, the model's patch count")
-    stats = _run_stats(cfg.pretrained)
-    mean = cfg.data.mean or stats.get("mean") or (IMAGENET_MEAN if model.in_chans == 3 else None)
-    std = cfg.data.std or stats.get("std") or (IMAGENET_STD if model.in_chans == 3 else None)
+    recorded = model.spec.input_stats() or (None, None)  # the model record's rule for unrecorded statistics
+    mean, std = cfg.data.mean or recorded[0], cfg.data.std or recorded[1]
     for name, value in (("mean", mean), ("std", std)):
         if value is None or len(value) != model.in_chans:
             raise ConfigError(
@@ -132,19 +131,6 @@ def open_model(cfg: AnomalyConfig):
                 f"{model.in_chans} channel(s); give them (e.g. from `mae stats`)"
             )
     return model, tuple(mean), tuple(std)
-
-
-def _run_stats(pretrained: str) -> dict[str, list[float]]:
-    """mean / std recorded with the run (config.yaml's data section) or in a safetensors file's metadata."""
-    data = (run_config(pretrained) or {}).get("data") or {}
-    stats = {k: data[k] for k in ("mean", "std") if isinstance(data.get(k), list)}
-    p = Path(pretrained)
-    if not stats and p.is_file() and p.suffix == ".safetensors":
-        from mae.weights.files import read_metadata
-
-        meta = read_metadata(p)
-        stats = {k: json.loads(meta[k]) for k in ("mean", "std") if k in meta}
-    return stats
 
 
 def normal_class(cfg: AnomalyConfig, source: Any) -> int | None:

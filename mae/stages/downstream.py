@@ -54,6 +54,11 @@ def open_downstream(cfg: Any) -> Downstream:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
     train_src, val_src = labeled_splits(cfg)
     size = cfg.model.img_size or encoder.img_size
+    if (cfg.data.mean or encoder.mean) is None or (cfg.data.std or encoder.std) is None:
+        raise ConfigError(
+            f"--data.mean / --data.std: {cfg.pretrained} records no normalisation for its {encoder.in_chans} "
+            "channels; give them (e.g. from `mae stats`)"
+        )
     return Downstream(
         encoder,
         train_src,
@@ -143,6 +148,7 @@ def save_run_classifier(
             config=to_dict(cfg),
             crop_pct=cfg.data.crop_pct,
             state=state,
+            record=setup.encoder.record,
         )
         accelerator.print(f"done: classifier in {path}, metrics in {out / 'metrics.jsonl'}")
     accelerator.end_training()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ from mae.models.decoder import PixelDecoder, check_decoder
 from mae.models.mae import MaskedAutoencoder
 from mae.models.masking import mask_generator, num_visible
 from mae.models.registry import create_mae, preset_config, resolve_preset
+from mae.models.spec import ModelSpec
 from mae.run_folder import ENCODER, PREVIEW, decoder_beside
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import full_state_dict, open_accelerator, plain_model
@@ -33,30 +34,15 @@ from mae.weights.importers import load_pretrained, locate_weights
 PREVIEW_IMAGES = 8  # images in the reconstruction previews
 
 
+# The model options that are `ModelSpec` fields of the same name (`name` is the preset, not the spec's arch).
+_SPEC_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name in {g.name for g in fields(ModelSpec)})
+
+
 def model_kwargs(cfg: PretrainConfig) -> dict:
-    m = cfg.model
-    kwargs = {"img_size": m.img_size, "mask_ratio": m.mask_ratio, "norm_pix_loss": m.norm_pix_loss}
-    kwargs["in_chans"] = m.in_chans
-    kwargs.update(decoder=m.decoder, predict_ratio=m.predict_ratio)
-    for name in (
-        "patch_size",
-        "embed_dim",
-        "depth",
-        "num_heads",
-        "mlp_ratio",
-        "decoder_embed_dim",
-        "decoder_depth",
-        "decoder_num_heads",
-        "decoder_mlp_ratio",
-    ):
-        if getattr(m, name) is not None:
-            kwargs[name] = getattr(m, name)
-    return kwargs
-
-
-_ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "decoder_embed_dim", "decoder_depth",
-                 "decoder_num_heads", "decoder_mlp_ratio")  # fmt: skip
-_INPUT_AND_LOSS = ("img_size", "in_chans", "mask_ratio", "norm_pix_loss", "decoder", "predict_ratio")
+    """`create_mae` overrides from the model section (those not left to the preset) and the data's statistics."""
+    kwargs = {k: getattr(cfg.model, k) for k in _SPEC_OPTIONS if getattr(cfg.model, k) is not None}
+    mean, std = cfg.data.mean, cfg.data.std
+    return kwargs | ({"mean": tuple(mean), "std": tuple(std)} if "auto" not in (mean, std) else {})
 
 
 def start_model(cfg: PretrainConfig) -> tuple[PretrainConfig, MaskedAutoencoder | None]:
@@ -72,9 +58,8 @@ def start_model(cfg: PretrainConfig) -> tuple[PretrainConfig, MaskedAutoencoder 
                 f"--init_sha256 {cfg.init_sha256}: {path} now has sha256 {digest}: the weights changed since the "
                 "run started; restore them, or start a new run (another --output_dir, or --resume never)"
             )
-        m, default = cfg.model, ModelConfig()
-        overrides = {k: getattr(m, k) for k in _ARCHITECTURE if getattr(m, k) is not None}
-        overrides |= {k: getattr(m, k) for k in _INPUT_AND_LOSS if getattr(m, k) != getattr(default, k)}
+        m, default = cfg.model, ModelConfig()  # the options set away from their defaults override the file's
+        overrides = {k: v for k in _SPEC_OPTIONS if (v := getattr(m, k)) is not None and v != getattr(default, k)}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = load_pretrained(cfg.init, **overrides)
@@ -86,23 +71,11 @@ def start_model(cfg: PretrainConfig) -> tuple[PretrainConfig, MaskedAutoencoder 
 
 
 def _architecture(model: MaskedAutoencoder) -> dict:
-    """The model section's fields that rebuild `model` (`create_mae(name, **model_kwargs(cfg))`)."""
-    enc, dec = model.adapter, model.decoder
-    h, w = model.img_size
-    _, args = enc.timm_architecture()
-    facts = {
-        "name": model.encoder_arch, "img_size": h if h == w else [h, w], "patch_size": model.patch_size,
-        "in_chans": model.in_chans, "embed_dim": enc.embed_dim, "depth": enc.depth, "num_heads": enc.num_heads,
-        "mlp_ratio": args.get("mlp_ratio", 4.0), "mask_ratio": model.mask_ratio, "norm_pix_loss": model.norm_pix_loss,
-        "decoder": model.decoder_name,
-    }  # fmt: skip
-    if isinstance(dec, PixelDecoder):
-        facts |= {"decoder_embed_dim": dec.embed.out_features, "decoder_depth": len(dec.blocks),
-                  "predict_ratio": dec.predict_ratio}  # fmt: skip
-        if len(dec.blocks):
-            facts |= {"decoder_num_heads": dec.blocks[0].attn.num_heads,
-                      "decoder_mlp_ratio": dec.blocks[0].mlp.fc1.out_features / dec.embed.out_features}  # fmt: skip
-    return facts
+    """The model section's fields that rebuild `model` (`create_mae(name, **model_kwargs(cfg))`): its record's."""
+    spec = model.spec
+    h, w = spec.img_size
+    facts = {k: getattr(spec, k) for k in _SPEC_OPTIONS}
+    return facts | {"name": spec.encoder_arch, "img_size": h if h == w else [h, w]}
 
 
 def _sha256(path: Path) -> str:
@@ -188,6 +161,7 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
     resume_from = find_resume_checkpoint(cfg)
     accelerator = open_accelerator(cfg)
     model = model or create_mae(cfg.model.name, **model_kwargs(cfg))
+    model.record_stats(tuple(cfg.data.mean), tuple(cfg.data.std))  # --init: the file's model, this data's statistics
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
     samples = PretrainSamples(
@@ -222,6 +196,7 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
         ),
         title=_title(cfg, model, len(samples)),
         resume_from=resume_from,
+        spec=model.spec,
     )
     state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
     path = output_dir / ENCODER
@@ -243,8 +218,8 @@ def open_pretraining_data(cfg: PretrainConfig):
 
 def _title(cfg: PretrainConfig, model, images: int) -> str:
     """The start line's head: what is pretrained, on what."""
-    dec = model.decoder
-    size = f" {dec.embed.out_features} x {len(dec.blocks)}" if isinstance(dec, PixelDecoder) else ""
+    spec = model.spec
+    size = f" {spec.decoder_embed_dim} x {spec.decoder_depth}" if isinstance(model.decoder, PixelDecoder) else ""
     start = f"--init {Path(cfg.init).name}" if cfg.init else cfg.model.name
     arch = f"{start}: {model.adapter.describe()}, {cfg.model.decoder} decoder{size}, {cfg.model.masking} masking"
     where = f"{cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"

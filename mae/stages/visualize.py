@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
-from mae.config import ConfigError, PretrainConfig, VisualizeConfig
+from mae.config import ConfigError, VisualizeConfig
 from mae.models.masking import mask_generator, num_visible
+from mae.models.spec import ModelSpec
 from mae.run_folder import run_config
 from mae.stages.pretrain import check_masking
 from mae.stages.registry import StageResult, register_stage
@@ -70,6 +71,7 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
             spec = read_encoder(cfg.pretrained or cfg.checkpoint)
         except (CheckpointError, FileNotFoundError) as e:
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
+        _stats(spec.record, cfg.pretrained or cfg.checkpoint)
         vit, _, _ = build_classifier(spec, 0)
         try:
             images = _read_images(cfg.images, spec.img_size, spec.in_chans)
@@ -84,7 +86,7 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
     model = load_pretrained(cfg.checkpoint)
     run = run_config(cfg.checkpoint) or {}
     data = run.get("data", {})
-    mean, std = tuple(data.get("mean", PretrainConfig().data.mean)), tuple(data.get("std", PretrainConfig().data.std))
+    mean, std = _stats(model.spec, cfg.checkpoint)
     images = _read_images(cfg.images, model.img_size, model.in_chans)
     if cfg.mask_ratio is not None:
         model.mask_ratio = cfg.mask_ratio
@@ -98,3 +100,11 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
     path = save_grid(grid, cfg.output)
     print(f"wrote {path} ({len(images)} images, loss {loss:.4f})")
     return StageResult(export=path, metrics={"loss": loss})
+
+
+def _stats(spec: ModelSpec | None, source: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The normalisation the model was trained with, by the model record's rule; one line when it is unknown."""
+    stats = spec.input_stats() if spec is not None else None
+    if stats is None:
+        raise ConfigError(f"{source}: records no normalisation for its channels; pretrain with --data.mean/std")
+    return stats

@@ -22,6 +22,7 @@ from accelerate import Accelerator
 
 from mae.config import flatten, to_dict
 from mae.errors import ConfigError
+from mae.models.spec import SPEC_KEY
 from mae.run_folder import (
     CONFIG,
     LOOP_STATE,
@@ -142,6 +143,7 @@ def find_resume_checkpoint(cfg: Any) -> Path | None:
     ckpt = found[0]
     saved = flatten(yaml.safe_load((ckpt / CONFIG).read_text()))
     current = flatten(to_dict(cfg))
+    saved = {k: v for k, v in saved.items() if not k.startswith(f"{SPEC_KEY}.")}  # the model's record, not options
     ignore = {"loop.epochs", "resume", "output_dir"}
     changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))
     if changed:

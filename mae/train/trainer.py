@@ -14,6 +14,7 @@ import yaml
 from accelerate import Accelerator
 
 from mae.config import flatten, to_dict
+from mae.models.spec import ModelSpec, with_spec
 from mae.run_folder import CONFIG, METRICS
 from mae.train.accelerator import describe_precision, plain_model, warn
 from mae.train.checkpoint import check_disk_space, load_loop_state
@@ -38,10 +39,12 @@ def train(
     resume_from: Path | None,
     val_loader: torch.utils.data.DataLoader | None = None,
     preamble: list[dict[str, Any]] | None = None,
+    spec: ModelSpec | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """Train `model` per `cfg` (`loop`, `optim`, `output_dir`, `seed`): `optimizer(model, lr)` builds its
     optimizer, `task(model, val_loader)` its task (both prepared); `title` heads the start line; `preamble` are
-    metrics lines written first on a fresh start (e.g. the fine-tune's starting probe). Returns the trained model as
+    metrics lines written first on a fresh start (e.g. the fine-tune's starting probe); `spec`, the model's record,
+    goes into every checkpoint's config.yaml. Returns the trained model as
     prepared, and the task."""
     lr = base_lr(cfg, accelerator.num_processes)
     opt = optimizer(model, lr)
@@ -61,7 +64,7 @@ def train(
         warmup_steps=round(warmup_share * epochs * steps_per_epoch),
     )
     check_disk_space(Path(cfg.output_dir), plain_model(accelerator, model), opt, cfg.loop.keep_checkpoints)
-    config_yaml = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    config_yaml = yaml.safe_dump(with_spec(to_dict(cfg), spec), sort_keys=False)
     state = _start(cfg, accelerator, loader, config_yaml, resume_from)
     if resume_from is None:
         for record in preamble or []:

@@ -7,7 +7,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from mae.errors import CheckpointError
+from mae.models.spec import ModelSpec
 from mae.run_folder import CLASSES, CLASSIFIER, ENCODER, HF_WEIGHTS, METRICS
 from mae.version import __version__
 from mae.weights.export import timm_pretrained_cfg
 from mae.weights.files import cpu_tensors, read_metadata, write_safetensors
+from mae.weights.record import spec_metadata
 
 
 def save_classifier(
@@ -35,9 +37,11 @@ def save_classifier(
     config: dict[str, Any] | None = None,
     crop_pct: float = 0.875,
     state: dict[str, torch.Tensor] | None = None,
+    record: ModelSpec | None = None,
 ) -> Path:
     """A whole timm classifier (encoder + head) as safetensors that `timm.create_model` loads, head
-    included, when given the `pretrained_cfg` in its metadata (see docs/weights.md); `load_classifier` reads it."""
+    included, when given the `pretrained_cfg` in its metadata (see docs/weights.md); `load_classifier` reads it.
+    `record`: the model record of its encoder, written with this classifier's input size and statistics."""
     args = {**args, "num_classes": len(classes)}
     size = args["img_size"]
     size = [size, size] if isinstance(size, int) else list(size)
@@ -48,10 +52,11 @@ def save_classifier(
         "model_args": json.dumps(args),
         "pretrained_cfg": json.dumps(pretrained_cfg),
         "classes": json.dumps(classes),
-        "mean": json.dumps(list(mean)),
-        "std": json.dumps(list(std)),
         "mae_version": __version__,
     }
+    if record is not None:
+        record = replace(record, img_size=tuple(size)).with_stats(tuple(mean), tuple(std))
+        metadata |= spec_metadata(record)
     if config is not None:
         metadata["config"] = json.dumps(config)
     return write_safetensors(cpu_tensors(model.state_dict() if state is None else state), path, metadata)

@@ -18,14 +18,15 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.errors import CheckpointError
 from mae.models.mae import MaskedAutoencoder
+from mae.models.spec import ModelSpec, with_spec
 from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, decoder_beside, run_config
 from mae.version import __version__
 from mae.weights.card import model_card
 from mae.weights.files import cpu_tensors, read_metadata, write_safetensors
 from mae.weights.importers import load_pretrained
+from mae.weights.record import spec_metadata
 
 
 def timm_pretrained_cfg(
@@ -48,17 +49,21 @@ def timm_pretrained_cfg(
     }
 
 
-def encoder_pretrained_cfg(model: MaskedAutoencoder, config: dict[str, Any] | None) -> dict[str, Any]:
-    """timm's `pretrained_cfg` of an encoder export: the model's input size, the run's normalisation
-    (when no run config is known, ImageNet's: for another channel count than 3, its average in every
-    channel), no classes."""
-    data = (config or {}).get("data", {})
-    c = model.in_chans
-    default_mean, default_std = (
-        (IMAGENET_MEAN, IMAGENET_STD) if c == 3 else ((sum(IMAGENET_MEAN) / 3,) * c, (sum(IMAGENET_STD) / 3,) * c)
-    )
-    mean, std = list(data.get("mean", default_mean)), list(data.get("std", default_std))
-    return timm_pretrained_cfg([model.in_chans, *model.img_size], mean, std, 0)
+def encoder_pretrained_cfg(model: MaskedAutoencoder) -> dict[str, Any]:
+    """timm's `pretrained_cfg` of an encoder export: the model's input size and normalisation (the record's rule
+    for unrecorded statistics, `ModelSpec.input_stats`), no classes."""
+    return timm_pretrained_cfg([model.in_chans, *model.img_size], *model_stats(model.spec), 0)
+
+
+def model_stats(spec: ModelSpec) -> tuple[list[float], list[float]]:
+    """(mean, std) of a model that is written out; CheckpointError when its channel count has no default."""
+    stats = spec.input_stats()
+    if stats is None:
+        raise CheckpointError(
+            f"the model's normalisation for its {spec.in_chans} channels was never recorded; record it first "
+            "(model.record_stats(mean, std), or pretrain with --data.mean/--data.std or auto)"
+        )
+    return list(stats[0]), list(stats[1])
 
 
 def encoder_state_dict(
@@ -82,19 +87,12 @@ def save_encoder(
     """Write encoder-only safetensors (timm keys) with metadata describing it; the weights come from
     `full_state` when given (see `encoder_state_dict`)."""
     arch, args = model.adapter.timm_architecture()
-    pretrained_cfg = encoder_pretrained_cfg(model, config)
-    mean, std = pretrained_cfg["mean"], pretrained_cfg["std"]
     metadata = {
         "format": "pt",
-        "architecture": arch,
+        "architecture": arch,  # what timm (`load_encoder`) reads; the record is ours
         "model_args": json.dumps(args),
-        "pretrained_cfg": json.dumps(pretrained_cfg),
-        "img_size": json.dumps(args["img_size"]),
-        "patch_size": str(model.patch_size),
-        "num_heads": str(args["num_heads"]),
-        "mean": json.dumps(mean),
-        "std": json.dumps(std),
-        "global_pool": args["global_pool"],
+        "pretrained_cfg": json.dumps(encoder_pretrained_cfg(model)),
+        **spec_metadata(model.spec),
         "mae_version": __version__,
     }
     if config is not None:
@@ -102,37 +100,21 @@ def save_encoder(
     return write_safetensors(encoder_state_dict(model, full_state), path, metadata)
 
 
-def mae_model_args(model: MaskedAutoencoder) -> dict[str, Any]:
-    """The `MaskedAutoencoder` arguments the tensors cannot tell (`load_pretrained` infers the rest)."""
-    return {
-        "img_size": list(model.img_size),
-        "patch_size": model.patch_size,
-        "in_chans": model.in_chans,
-        "num_heads": model.adapter.num_heads,
-        "decoder_num_heads": getattr(model.decoder, "num_heads", 16),  # a decoder without heads ignores it
-        "mask_ratio": model.mask_ratio,
-        "norm_pix_loss": model.norm_pix_loss,
-        "encoder_arch": model.encoder_arch,
-        "decoder": model.decoder_name,
-        "predict_ratio": getattr(model.decoder, "predict_ratio", 1.0),
-    }
-
-
 def save_model(model: MaskedAutoencoder, path: str | os.PathLike) -> Path:
     """The whole MAE (encoder and decoder) as one safetensors file that `load_pretrained` reads."""
-    metadata = {"format": "pt", "mae_model_args": json.dumps(mae_model_args(model)), "mae_version": __version__}
+    metadata = {"format": "pt", **spec_metadata(model.spec), "mae_version": __version__}
     return write_safetensors(cpu_tensors(model.state_dict()), path, metadata)
 
 
 def save_decoder(
     model: MaskedAutoencoder, path: str | os.PathLike, full_state: dict[str, torch.Tensor] | None = None
 ) -> Path:
-    """The decoder alone (`decoder.` keys, as in the MAE's state dict, and `save_model`'s `mae_model_args`), for
+    """The decoder alone (`decoder.` keys, as in the MAE's state dict, and the model record), for
     `decoder_beside(encoder_file)`, where `load_pretrained` of the encoder export finds it; from `full_state`
     when given (see `encoder_state_dict`)."""
     state = model.state_dict() if full_state is None else full_state
     decoder = {k: v for k, v in state.items() if k.startswith("decoder.")}
-    metadata = {"format": "pt", "mae_model_args": json.dumps(mae_model_args(model)), "mae_version": __version__}
+    metadata = {"format": "pt", **spec_metadata(model.spec), "mae_version": __version__}
     return write_safetensors(cpu_tensors(decoder), path, metadata)
 
 
@@ -166,7 +148,7 @@ def export_encoder(
     if format == "safetensors":
         return weights
     arch, args = model.adapter.timm_architecture()
-    write_hf_config(weights.parent, arch, args, encoder_pretrained_cfg(model, config))
+    write_hf_config(weights.parent, arch, args, encoder_pretrained_cfg(model), spec=model.spec)
     run_dir = source if not isinstance(source, MaskedAutoencoder) and Path(source).is_dir() else None
     card = model_card(model.encoder, config=config, run_dir=run_dir, license=license, with_decoder=with_decoder)
     (weights.parent / "README.md").write_text(card)
@@ -174,7 +156,12 @@ def export_encoder(
 
 
 def write_hf_config(
-    folder: Path, arch: str, args: dict[str, Any], pretrained_cfg: dict[str, Any], label_names: list[str] | None = None
+    folder: Path,
+    arch: str,
+    args: dict[str, Any],
+    pretrained_cfg: dict[str, Any],
+    label_names: list[str] | None = None,
+    spec: ModelSpec | None = None,
 ) -> Path:
     """timm's config.json of an hf folder (what `timm.create_model("hf-hub:..." / "local-dir:...")` reads):
     the architecture and its model args, the run's own input size and normalisation, and a classifier's
@@ -191,7 +178,7 @@ def write_hf_config(
     if label_names:
         hub_config["label_names"] = list(label_names)
     path = folder / HF_CONFIG
-    path.write_text(json.dumps(hub_config, indent=2) + "\n")
+    path.write_text(json.dumps(with_spec(hub_config, spec), indent=2) + "\n")
     return path
 
 

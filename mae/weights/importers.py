@@ -9,7 +9,9 @@
 | timm MAE encoders (`vit_*_224.mae`) | timm keys, no decoder | decoder fresh |
 | transformers ViTMAE | `vit.embeddings.*` keys (+ `config.json`) | q/k/v fused into qkv |
 
-`read_encoder` reads the same formats (and `random:PRESET`) as the `EncoderSpec` a downstream stage builds on.
+This toolkit's files carry the model record (`mae.weights.record`), which builds the model exactly; the others'
+architecture is inferred from the tensors and whatever metadata they have. `read_encoder` reads the same formats
+(and `random:PRESET`) as the `EncoderSpec` a downstream stage builds on. The key tables are `mae.weights.formats`.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ import os
 import pickle
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.errors import CheckpointError
 from mae.models.encoder import EncoderSpec
 from mae.models.mae import MaskedAutoencoder
 from mae.models.registry import create_mae, preset_config, preset_matching
+from mae.models.spec import ModelSpec
 from mae.run_folder import (
     CONFIG,
     ENCODER,
@@ -37,162 +40,12 @@ from mae.run_folder import (
     decoder_beside,
     is_checkpoint,
     list_checkpoints,
-    run_config,
 )
 from mae.weights.files import cpu_tensors, read_metadata
+from mae.weights.formats import hf_vitmae_to_mae, mae_to_hf_vitmae, official_to_mae
+from mae.weights.record import file_spec, read_spec
 
-# transformers' ViTMAE (4.x `encoder.layer.N.attention.attention.query` and 5.x in-memory
-# `layers.N.attention.q_proj` spellings) -> this project's names. Attention q/k/v are fused below.
-_HF_RULES: list[tuple[str, str]] = [
-    (r"^vit\.embeddings\.cls_token$", "encoder.cls_token"),
-    (r"^vit\.embeddings\.position_embeddings$", "encoder.pos_embed"),
-    (r"^vit\.embeddings\.patch_embeddings\.projection\.", "encoder.patch_embed.proj."),
-    (r"^vit\.(?:encoder\.layer|layers)\.(\d+)\.", r"encoder.blocks.\1."),
-    (r"^vit\.layernorm\.", "encoder.norm."),
-    (r"^decoder\.decoder_embed\.", "decoder.embed."),
-    (r"^decoder\.mask_token$", "decoder.mask_token"),
-    (r"^decoder\.decoder_pos_embed$", "decoder.pos_embed"),
-    # 4.x `decoder_layers.N`; what 5.x's save_pretrained writes: `decoder_encoder.layer.N`
-    (r"^decoder\.(?:decoder_layers|decoder_encoder\.layer)\.(\d+)\.", r"decoder.blocks.\1."),
-    (r"^decoder\.decoder_norm\.", "decoder.norm."),
-    (r"^decoder\.decoder_pred\.", "decoder.pred."),
-]
-_HF_BLOCK_RULES: list[tuple[str, str]] = [
-    (r"\.attention\.(?:attention\.)?(?:query|q_proj)\.", ".attn.q."),
-    (r"\.attention\.(?:attention\.)?(?:key|k_proj)\.", ".attn.k."),
-    (r"\.attention\.(?:attention\.)?(?:value|v_proj)\.", ".attn.v."),
-    (r"\.attention\.(?:output\.dense|o_proj)\.", ".attn.proj."),
-    (r"\.layernorm_before\.", ".norm1."),
-    (r"\.layernorm_after\.", ".norm2."),
-    (r"\.intermediate\.dense\.", ".mlp.fc1."),
-    (r"\.output\.dense\.", ".mlp.fc2."),
-]
-
-
-def _rename(key: str, rules: list[tuple[str, str]]) -> str:
-    for pattern, repl in rules:
-        key = re.sub(pattern, repl, key)
-    return key
-
-
-def _fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Concatenate separate `attn.q/k/v` tensors into timm's fused `attn.qkv` ([q; k; v])."""
-    out = {}
-    for key, value in state.items():
-        m = re.match(r"(.*\.attn\.)([qkv])\.(weight|bias)$", key)
-        if m is None:
-            out[key] = value
-        elif m.group(2) == "q":
-            prefix, kind = m.group(1), m.group(3)
-            parts = [state[f"{prefix}{c}.{kind}"] for c in "qkv"]
-            out[f"{prefix}qkv.{kind}"] = torch.cat(parts, dim=0)
-    return out
-
-
-def _split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `_fuse_qkv`."""
-    out = {}
-    for key, value in state.items():
-        m = re.match(r"(.*\.attn\.)qkv\.(weight|bias)$", key)
-        if m is None:
-            out[key] = value
-            continue
-        for name, part in zip("qkv", value.chunk(3, dim=0), strict=True):
-            out[f"{m.group(1)}{name}.{m.group(2)}"] = part
-    return out
-
-
-def hf_vitmae_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A transformers `ViTMAEForPreTraining` state dict -> `MaskedAutoencoder` keys.
-
-    transformers stores the sine-cosine tables in the same channel order as the official code
-    (it builds the canonical [h | w] table and swaps the halves), so they copy unchanged.
-    """
-    renamed = {}
-    for key, value in state.items():
-        new = _rename(key, _HF_RULES)
-        if new.startswith(("encoder.blocks.", "decoder.blocks.")):
-            new = _rename(new, _HF_BLOCK_RULES)
-        renamed[new] = value
-    return _fuse_qkv(renamed)
-
-
-def mae_to_hf_vitmae(state: dict[str, torch.Tensor], *, layout: str = "v5") -> dict[str, torch.Tensor]:
-    """`MaskedAutoencoder` keys -> transformers `ViTMAEForPreTraining` (`layout` "v5" or "v4")."""
-    if layout not in ("v4", "v5"):
-        raise ValueError(f"layout must be 'v4' or 'v5', got {layout!r}")
-    v5 = layout == "v5"
-    block = {
-        "attn.q.": "attention.q_proj." if v5 else "attention.attention.query.",
-        "attn.k.": "attention.k_proj." if v5 else "attention.attention.key.",
-        "attn.v.": "attention.v_proj." if v5 else "attention.attention.value.",
-        "attn.proj.": "attention.o_proj." if v5 else "attention.output.dense.",
-        "norm1.": "layernorm_before.",
-        "norm2.": "layernorm_after.",
-        "mlp.fc1.": "mlp.fc1." if v5 else "intermediate.dense.",
-        "mlp.fc2.": "mlp.fc2." if v5 else "output.dense.",
-    }
-    top = {
-        "encoder.cls_token": "vit.embeddings.cls_token",
-        "encoder.pos_embed": "vit.embeddings.position_embeddings",
-        "encoder.patch_embed.proj.": "vit.embeddings.patch_embeddings.projection.",
-        "encoder.norm.": "vit.layernorm.",
-        "decoder.embed.": "decoder.decoder_embed.",
-        "decoder.mask_token": "decoder.mask_token",
-        "decoder.pos_embed": "decoder.decoder_pos_embed",
-        "decoder.norm.": "decoder.decoder_norm.",
-        "decoder.pred.": "decoder.decoder_pred.",
-    }
-    out = {}
-    for key, value in _split_qkv(state).items():
-        m = re.match(r"(encoder|decoder)\.blocks\.(\d+)\.(.*)$", key)
-        if m:
-            prefix = (
-                ("vit.layers." if v5 else "vit.encoder.layer.")
-                if m.group(1) == "encoder"
-                else ("decoder.decoder_layers.")
-            )
-            rest = m.group(3)
-            for src, dst in block.items():
-                if rest.startswith(src):
-                    rest = dst + rest[len(src) :]
-                    break
-            out[f"{prefix}{m.group(2)}.{rest}"] = value
-            continue
-        for src, dst in top.items():
-            if key.startswith(src):
-                out[dst + key[len(src) :]] = value
-                break
-        else:
-            raise KeyError(f"no transformers name for parameter '{key}'")
-    return out
-
-
-# --- the official facebookresearch/mae layout ----------------------------------------------------
-# Encoder keys are timm's (`cls_token`, `pos_embed`, `patch_embed.*`, `blocks.N.*`, `norm.*`);
-# the decoder lives at the top level with a `decoder_` prefix and one `mask_token`.
-_OFFICIAL_DECODER = [
-    ("mask_token", "decoder.mask_token"),
-    ("decoder_embed.", "decoder.embed."),
-    ("decoder_pos_embed", "decoder.pos_embed"),
-    ("decoder_blocks.", "decoder.blocks."),
-    ("decoder_norm.", "decoder.norm."),
-    ("decoder_pred.", "decoder.pred."),
-]
-
-
-def official_to_mae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An official (or timm) MAE state dict -> `MaskedAutoencoder` keys."""
-    out = {}
-    for key, value in state.items():
-        for src, dst in _OFFICIAL_DECODER:
-            if key == src or (src.endswith(".") and key.startswith(src)):
-                out[dst + key[len(src) :]] = value
-                break
-        else:
-            out[f"encoder.{key}"] = value
-    return out
-
+__all__ = ["hf_vitmae_to_mae", "load_pretrained", "locate_weights", "mae_to_hf_vitmae", "read_encoder"]
 
 # --- reading files --------------------------------------------------------------------------------
 
@@ -291,6 +144,7 @@ def infer_model_kwargs(state: dict[str, torch.Tensor], hints: dict[str, Any], pa
 
 
 def _hf_hints(config_file: Path) -> dict[str, Any]:
+    """What a transformers ViTMAE config.json tells that the tensors do not."""
     c = json.loads(config_file.read_text())
     return {
         "num_heads": c.get("num_attention_heads"),
@@ -301,14 +155,27 @@ def _hf_hints(config_file: Path) -> dict[str, Any]:
     }
 
 
-def _metadata_hints(meta: dict[str, str]) -> dict[str, Any]:
-    if "mae_model_args" in meta:
-        return json.loads(meta["mae_model_args"])
-    hints: dict[str, Any] = {}
-    if "num_heads" in meta:
-        hints["num_heads"] = int(meta["num_heads"])
-    if "img_size" in meta:
-        hints["img_size"] = json.loads(meta["img_size"])
+def _legacy_hints(meta: dict[str, str]) -> dict[str, Any]:
+    """What files written before the model record say in their metadata (`mae_model_args`, or an encoder export's
+    `num_heads`, `img_size`, `mean`, `std`)."""
+    hints: dict[str, Any] = json.loads(meta["mae_model_args"]) if "mae_model_args" in meta else {}
+    for key in ("num_heads", "img_size", "mean", "std"):
+        if key in meta and key not in hints:
+            hints[key] = json.loads(meta[key])
+    return hints
+
+
+def _legacy_run_hints(config_yaml: Path) -> dict[str, Any]:
+    """What the config.yaml of a run from before the model record says: its model and data sections."""
+    import yaml
+
+    config = yaml.safe_load(config_yaml.read_text())
+    m, data = config["model"], config.get("data") or {}
+    hints = {k: v for k, v in preset_config(m["name"]).items() if k == "encoder_arch" or k.endswith("num_heads")}
+    hints.update({k: m[k] for k in ("num_heads", "decoder_num_heads") if m.get(k) is not None})
+    hints.update(img_size=m["img_size"], mask_ratio=m["mask_ratio"], norm_pix_loss=m["norm_pix_loss"])
+    hints.update({k: m[k] for k in ("decoder", "predict_ratio") if k in m})
+    hints.update({k: data[k] for k in ("mean", "std") if isinstance(data.get(k), list)})
     return hints
 
 
@@ -320,40 +187,58 @@ def _find_weights(folder: Path) -> Path:
 
 
 def locate_weights(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """(the weights file `load_pretrained` reads for `path`, the architecture hints found beside it): a run folder's
-    latest checkpoint, a checkpoint, an hf folder's weights, or the file itself."""
+    """(the weights file `load_pretrained` reads for `path`, what is said of the model beside it: `{"spec": record}`
+    for this toolkit's runs and folders, else architecture hints): a run folder's latest checkpoint, a checkpoint, an
+    hf folder's weights, or the file itself."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder")
-    hints: dict[str, Any] = {}
+    beside: dict[str, Any] = {}
     if p.is_dir():
         ckpts = list_checkpoints(p) if not is_checkpoint(p) else []
         if ckpts:
             p = ckpts[-1]
-        if is_checkpoint(p):
-            hints.update(_run_hints(p / CONFIG))
+        spec = read_spec(p)
+        if spec is not None:
+            beside["spec"] = spec
+        elif is_checkpoint(p):
+            beside.update(_legacy_run_hints(p / CONFIG))
         elif (p / HF_CONFIG).exists():
-            hints.update(_hf_hints(p / HF_CONFIG))
+            beside.update(_hf_hints(p / HF_CONFIG))
         p = _find_weights(p)
-    elif p.name == HF_WEIGHTS and (p.parent / HF_CONFIG).exists():
-        hints.update(_hf_hints(p.parent / HF_CONFIG))
-    return p, hints
+    elif p.name == HF_WEIGHTS and (p.parent / HF_CONFIG).exists() and read_spec(p.parent) is None:
+        beside.update(_hf_hints(p.parent / HF_CONFIG))
+    return p, beside
 
 
 def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoencoder:
     """A `MaskedAutoencoder` from any format in this module's table.
 
-    The architecture comes from the tensors and any metadata; `overrides` (`create_mae`'s names,
-    e.g. `num_heads`, `decoder_num_heads`, `norm_pix_loss`, `img_size`, `in_chans`) supply or replace the rest: a
-    different `img_size` rebuilds the fixed position tables, a different `in_chans` adapts the patch embedding.
-    The shape of the weights themselves (patch size, widths, depths) cannot be overridden. An encoder-only file
-    gets a freshly initialised decoder, with a warning.
+    This toolkit's files build from their model record; others' architecture comes from the tensors and any
+    metadata. `overrides` (`create_mae`'s names, e.g. `num_heads`, `decoder_num_heads`, `norm_pix_loss`, `img_size`,
+    `in_chans`, `mean`, `std`) supply or replace the rest: a different `img_size` rebuilds the fixed position tables,
+    a different `in_chans` adapts the patch embedding. The shape of the weights themselves (patch size, widths,
+    depths) cannot be overridden. An encoder-only file gets a freshly initialised decoder, with a warning.
     """
-    p, hints = locate_weights(path)
+    p, beside = locate_weights(path)
     raw, meta = read_tensors(p)
     state, fmt = to_mae_keys(raw, p)
-    hints.update(_metadata_hints(meta))
-    state = {**state, **_decoder_beside(p, state, hints)}
+    spec = beside.pop("spec", None) or file_spec(meta, p)
+    decoder, decoder_spec = _decoder_beside(p, state)
+    state, spec = {**state, **decoder}, spec or decoder_spec
+    _check_fixed(state, overrides, p)
+    if spec is not None:  # the record builds the model; only the decoder's may differ from the encoder file's
+        if decoder_spec is not None:
+            spec = replace(decoder_spec, mean=spec.mean, std=spec.std)
+        kwargs = {**spec.model_args(), **{k: v for k, v in overrides.items() if v is not None}}
+    else:
+        hints = {**beside, **_legacy_hints(meta), **_decoder_hints(p, decoder), **overrides}
+        kwargs = infer_model_kwargs(state, hints, p)
+    return _build(kwargs, state, fmt, p)
+
+
+def _check_fixed(state: dict[str, torch.Tensor], overrides: dict[str, Any], p: Path) -> None:
+    """The options that the weights' own shapes fix must agree with them."""
     proj = state["encoder.patch_embed.proj.weight"]  # [D, C, p, p]: what the tensors themselves fix
     stored = {"patch_size": proj.shape[-1], "embed_dim": proj.shape[0], "depth": _count(state, "encoder.blocks.")}
     for name in ("patch_size", "embed_dim", "depth"):
@@ -362,8 +247,10 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
                 f"{p}: its weights have {name} {stored[name]}, not the {overrides[name]} asked for; drop that option "
                 f"or set it to {stored[name]}"
             )
-    hints.update(overrides)
-    kwargs = infer_model_kwargs(state, hints, p)
+
+
+def _build(kwargs: dict[str, Any], state: dict[str, torch.Tensor], fmt: str, p: Path) -> MaskedAutoencoder:
+    """The model `kwargs` describe, with `state` loaded (position tables rebuilt, channels adapted)."""
     has_decoder = any(k.startswith("decoder.") for k in state)  # any registered decoder's weights
     try:
         model = MaskedAutoencoder(**kwargs)
@@ -389,21 +276,26 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
             f"unexpected {result.unexpected_keys[:3]}"
         )
     if not has_decoder:
-        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=2)
+        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=3)
     return model
 
 
-def _decoder_beside(path: Path, state: dict[str, torch.Tensor], hints: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The decoder an encoder export carries in its sibling file (`save_decoder`), its model args added to
-    `hints`; {} when `path` holds a decoder itself or has no sibling."""
+def _decoder_beside(path: Path, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], ModelSpec | None]:
+    """(the decoder an encoder export carries in its sibling file (`save_decoder`), that file's model record);
+    ({}, None) when `path` holds a decoder itself or has no sibling."""
     sibling = decoder_beside(path)
     if any(k.startswith("decoder.") for k in state) or path.suffix != ".safetensors" or not sibling.is_file():
-        return {}
+        return {}, None
     decoder, meta = read_tensors(sibling)
-    if "mae_model_args" not in meta or not all(k.startswith("decoder.") for k in decoder):
-        raise CheckpointError(f"{sibling}: not a decoder export of this toolkit (no mae_model_args metadata)")
-    hints.update(json.loads(meta["mae_model_args"]))
-    return decoder
+    spec = file_spec(meta, sibling)
+    if not (spec or "mae_model_args" in meta) or not all(k.startswith("decoder.") for k in decoder):
+        raise CheckpointError(f"{sibling}: not a decoder export of this toolkit (no model record in its metadata)")
+    return decoder, spec
+
+
+def _decoder_hints(path: Path, decoder: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """An older decoder file's `mae_model_args` (its record, before the record existed)."""
+    return _legacy_hints(read_metadata(decoder_beside(path))) if decoder else {}
 
 
 def _adapt_channels(
@@ -435,62 +327,58 @@ def _grid_of(state: dict[str, torch.Tensor]) -> tuple[int, int] | None:
     return (side, side) if side * side == length else None
 
 
-def _run_hints(config_yaml: Path) -> dict[str, Any]:
-    import yaml
-
-    m = yaml.safe_load(config_yaml.read_text())["model"]
-    hints = {k: v for k, v in preset_config(m["name"]).items() if k == "encoder_arch" or k.endswith("num_heads")}
-    hints.update({k: m[k] for k in ("num_heads", "decoder_num_heads") if m.get(k) is not None})
-    hints.update(img_size=m["img_size"], mask_ratio=m["mask_ratio"], norm_pix_loss=m["norm_pix_loss"])
-    hints.update({k: m[k] for k in ("decoder", "predict_ratio") if k in m})
-    return hints
-
-
 # --- encoders for downstream stages ---------------------------------------------------------------
 
 
 def read_encoder(path: str, img_size: int | tuple[int, int] | None = None, seed: int = 0) -> EncoderSpec:
-    """What a downstream stage needs of `--pretrained`: the encoder's weights, architecture and statistics.
+    """What a downstream stage needs of `--pretrained`: the encoder's weights, architecture and model record.
 
     `path` is an encoder export (file or hf-folder), an output folder, any checkpoint `load_pretrained`
     reads, or `random:PRESET` for a randomly initialised encoder (baselines; the same `seed` gives the same
-    weights, whatever the global random state). Statistics not recorded with the weights are ImageNet's.
+    weights, whatever the global random state). Statistics follow the record's rule (`ModelSpec.input_stats`):
+    unrecorded, they are ImageNet's for 3 channels and unknown (None) for any other channel count.
     """
     if path.startswith("random:"):
         with torch.random.fork_rng(devices=[]):  # the caller's random stream stays untouched
             torch.manual_seed(seed)
             model = create_mae(path[len("random:") :], **({"img_size": img_size} if img_size else {}))
-        return _spec(model, {})
+        return encoder_of(model)
     p = Path(path)
     if p.is_dir() and (p / ENCODER).is_file():  # a finished pretraining run
         p = p / ENCODER
     elif p.is_dir() and (p / HF_CONFIG).is_file() and (p / HF_WEIGHTS).is_file():
         p = p / HF_WEIGHTS
     meta = read_metadata(p) if p.is_file() and p.suffix == ".safetensors" else {}
-    if "architecture" in meta and "model_args" in meta:
+    if "architecture" in meta and "model_args" in meta:  # timm's own keys and args: read as they are
         from safetensors.torch import load_file
 
-        stats = {k: json.loads(meta[k]) for k in ("mean", "std") if k in meta}
-        return EncoderSpec(
-            arch=meta["architecture"],
-            args=json.loads(meta["model_args"]),
-            state=load_file(str(p)),
-            mean=tuple(stats.get("mean", IMAGENET_MEAN)),
-            std=tuple(stats.get("std", IMAGENET_STD)),
-        )
+        args = json.loads(meta["model_args"])
+        record = file_spec(meta, p) or _legacy_encoder_spec(meta["architecture"], args, _legacy_hints(meta))
+        return _encoder_spec(meta["architecture"], args, load_file(str(p)), record)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not used here
         model = load_pretrained(path)
-    data = (run_config(path) or {}).get("data", {})
-    return _spec(model, {k: data[k] for k in ("mean", "std") if k in data})
+    return encoder_of(model)
 
 
-def _spec(model: MaskedAutoencoder, stats: dict[str, Any]) -> EncoderSpec:
+def encoder_of(model: MaskedAutoencoder) -> EncoderSpec:
+    """The encoder of a `MaskedAutoencoder` as a downstream stage receives it."""
     arch, args = model.adapter.timm_architecture()
-    return EncoderSpec(
-        arch=arch,
-        args=args,
-        state=cpu_tensors(model.encoder.state_dict()),
-        mean=tuple(stats.get("mean", IMAGENET_MEAN)),
-        std=tuple(stats.get("std", IMAGENET_STD)),
-    )
+    return _encoder_spec(arch, args, cpu_tensors(model.encoder.state_dict()), model.spec)
+
+
+def _encoder_spec(arch: str, args: dict[str, Any], state: dict[str, torch.Tensor], record: ModelSpec) -> EncoderSpec:
+    args = {k: v for k, v in args.items() if k != "num_classes"}  # a classifier read as an encoder
+    stats = record.input_stats()
+    mean, std = stats if stats is not None else (None, None)
+    return EncoderSpec(arch=arch, args=args, state=state, mean=mean, std=std, record=record)
+
+
+def _legacy_encoder_spec(arch: str, args: dict[str, Any], hints: dict[str, Any]) -> ModelSpec:
+    """The record of an encoder export written before the record existed, from timm's model args."""
+    patch = args.get("patch_size", 16)
+    return ModelSpec(
+        encoder_arch=arch, img_size=args["img_size"], patch_size=patch if isinstance(patch, int) else patch[0],
+        in_chans=args.get("in_chans", 3), embed_dim=args["embed_dim"], depth=args["depth"],
+        num_heads=args["num_heads"], mlp_ratio=args.get("mlp_ratio"), mean=hints.get("mean"), std=hints.get("std"),
+    )  # fmt: skip

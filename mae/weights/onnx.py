@@ -20,11 +20,12 @@ from torch import nn
 
 from mae.errors import CheckpointError, ConfigError
 from mae.models.mae import MaskedAutoencoder
-from mae.run_folder import run_config
+from mae.models.spec import ModelSpec
 from mae.version import __version__
 from mae.weights.classifier import classifier_file, load_classifier
-from mae.weights.export import encoder_pretrained_cfg, timm_pretrained_cfg
+from mae.weights.export import encoder_pretrained_cfg, model_stats, timm_pretrained_cfg
 from mae.weights.importers import load_pretrained, read_encoder
+from mae.weights.record import read_spec, spec_metadata
 
 OPSET = 17  # LayerNorm is one ONNX op from opset 17; onnxruntime >= 1.14 runs it
 TOLERANCE = 1e-4  # onnxruntime's fp32 outputs against torch's, absolute and relative
@@ -39,6 +40,7 @@ class Deployable:
     model: nn.Module
     pretrained_cfg: dict[str, Any]
     classes: list[str]
+    spec: ModelSpec | None = None  # the model record (a classifier's: its encoder's), written into the metadata
 
     @property
     def outputs(self) -> list[str]:
@@ -65,18 +67,18 @@ def open_deployable(
     """A classifier (a linprobe / finetune folder or its classifier.safetensors) or an encoder (a model, an
     export, a run, any checkpoint `load_pretrained` reads; `img_size` for one whose input size it cannot tell)."""
     if isinstance(source, MaskedAutoencoder):
-        return Deployable(source.encoder.eval(), encoder_pretrained_cfg(source, None), [])
+        return Deployable(source.encoder.eval(), encoder_pretrained_cfg(source), [], source.spec)
     if not Path(source).exists():
         raise CheckpointError(f"{source}: no such file or folder")
     if classifier_file(source) is not None:
         c = load_classifier(source)
-        return Deployable(c.model, dict(c.model.pretrained_cfg), c.classes)
+        return Deployable(c.model, dict(c.model.pretrained_cfg), c.classes, read_spec(classifier_file(source)))
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not exported
             if img_size is not None:
                 mae = load_pretrained(source, img_size=tuple(img_size))
-                return Deployable(mae.encoder.eval(), encoder_pretrained_cfg(mae, run_config(source)), [])
+                return Deployable(mae.encoder.eval(), encoder_pretrained_cfg(mae), [], mae.spec)
             spec = read_encoder(str(source))
     except CheckpointError as e:
         if "img_size" in str(e):  # a grid no metadata or shape tells (a non-square one)
@@ -84,8 +86,8 @@ def open_deployable(
         raise
     vit = timm.create_model(spec.arch, pretrained=False, num_classes=0, **spec.args)
     vit.load_state_dict(spec.state)
-    cfg = timm_pretrained_cfg([spec.in_chans, *spec.img_size], list(spec.mean), list(spec.std), 0)
-    return Deployable(vit.eval(), cfg, [])
+    cfg = timm_pretrained_cfg([spec.in_chans, *spec.img_size], *model_stats(spec.record), 0)
+    return Deployable(vit.eval(), cfg, [], spec.record)
 
 
 def export_onnx(
@@ -136,6 +138,8 @@ def _metadata(d: Deployable, opset: int) -> dict[str, str]:
     }
     if d.classes:
         meta["classes"] = json.dumps(d.classes)
+    if d.spec is not None:
+        meta |= spec_metadata(d.spec)
     return meta
 
 
