@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
 
 import mae
-from mae.weights.record import read_spec
 from mae.cli import main
 from mae.weights.importers import CheckpointError
+from mae.weights.record import read_spec
 
 SMALL = dict(img_size=32, patch_size=8, depth=2, decoder_depth=1)
 

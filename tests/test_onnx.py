@@ -12,8 +12,8 @@ from mae.cli import main
 from mae.models.classifier import build_classifier
 from mae.weights.classifier import save_classifier
 from mae.weights.importers import read_encoder
-from mae.weights.record import read_spec
 from mae.weights.onnx import export_onnx, onnx_metadata
+from mae.weights.record import read_spec
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -20,6 +20,7 @@ from mae.data.folder import FolderSource
 from mae.data.images import read_array
 from mae.data.transforms import PretrainSamples
 from mae.errors import ChannelError
+from mae.weights.record import read_spec
 
 H, W = 64, 96
 
@@ -108,7 +109,10 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
     assert len(data_config["mean"]) == len(data_config["std"]) == channels  # measured, recorded
     path = out / "encoder.safetensors"
     meta = safe_open(str(path), "pt").metadata()
-    assert len(json.loads(meta["mean"])) == channels == json.loads(meta["model_args"])["in_chans"]
+    record = read_spec(path)
+    assert list(record.mean) == data_config["mean"] and len(record.std) == channels == record.in_chans
+    assert json.loads(meta["model_args"])["in_chans"] == channels
+    assert json.loads(meta["pretrained_cfg"])["mean"] == data_config["mean"]  # what timm normalises with
     vit = timm.create_model(meta["architecture"], pretrained=True, **json.loads(meta["model_args"]),
                             pretrained_cfg_overlay=dict(file=str(path), num_classes=0)).eval()  # fmt: skip
     vit.load_state_dict(load_file(path), strict=True)
