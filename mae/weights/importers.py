@@ -69,6 +69,11 @@ _HF_BLOCK_RULES: list[tuple[str, str]] = [
 ]
 
 
+class EncoderOnlyWarning(UserWarning):
+    """`load_pretrained` of a file without decoder weights: the model's decoder is freshly initialised. A category
+    of its own, so a reader that needs a trained decoder (reconstructions, `mae convert`) asks for it by class."""
+
+
 def _rename(key: str, rules: list[tuple[str, str]]) -> str:
     for pattern, repl in rules:
         key = re.sub(pattern, repl, key)
@@ -389,8 +394,21 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
             f"unexpected {result.unexpected_keys[:3]}"
         )
     if not has_decoder:
-        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=2)
+        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", EncoderOnlyWarning, 2)
     return model
+
+
+def load_noting_decoder(path: str | os.PathLike, **overrides: Any) -> tuple[MaskedAutoencoder, bool]:
+    """(`load_pretrained(path, **overrides)`, whether the file held decoder weights): for the readers that must not
+    take a freshly initialised decoder for a trained one. Its `EncoderOnlyWarning` is answered by the flag; others
+    pass on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load_pretrained(path, **overrides)
+    for w in caught:
+        if not issubclass(w.category, EncoderOnlyWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model, not any(issubclass(w.category, EncoderOnlyWarning) for w in caught)
 
 
 def _decoder_beside(path: Path, state: dict[str, torch.Tensor], hints: dict[str, Any]) -> dict[str, torch.Tensor]:
