@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,21 +33,21 @@ from mae.errors import CheckpointError
 from mae.models import MaskedAutoencoder
 
 AGGREGATES = ("topk_mean", "mean", "max")
-NEEDS_DECODER = "maps need the decoder: use a pretraining run folder or an export that carries it"
+NEEDS_DECODER = (
+    "holds an encoder only, and reconstruction maps need its trained decoder: give a pretraining run folder or an "
+    "export written with --with_decoder"
+)
 
 
 def load_with_decoder(path: str | os.PathLike) -> MaskedAutoencoder:
     """`mae.load_pretrained(path)`, refused where the file holds an encoder only (an encoder export, a timm MAE
-    encoder): its decoder would be freshly initialised, and its maps noise. `CheckpointError` then."""
-    from mae.weights.importers import load_pretrained
+    encoder, `mae convert` of one): its decoder would be freshly initialised, and its maps noise. `CheckpointError`
+    then."""
+    from mae.weights.importers import load_noting_decoder
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = load_pretrained(path)
-    for w in caught:
-        if "encoder only" in str(w.message):
-            raise CheckpointError(f"{path}: {NEEDS_DECODER}")
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    model, has_decoder = load_noting_decoder(path)
+    if not has_decoder:
+        raise CheckpointError(f"{path} {NEEDS_DECODER}")
     return model
 
 

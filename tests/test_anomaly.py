@@ -206,7 +206,7 @@ def test_position_distance():
 def test_an_encoder_only_file_is_refused(tmp_path):
     model = mae.create_mae("mae_vit_micro_patch8", img_size=32)
     path = mae.export_encoder(model, tmp_path / "encoder.safetensors")
-    with pytest.raises(mae.CheckpointError, match="maps need the decoder: use a pretraining run folder or an export"):
+    with pytest.raises(mae.CheckpointError, match="holds an encoder only, and reconstruction maps need"):
         load_with_decoder(path)
     from mae.weights.export import save_model
 

@@ -52,7 +52,7 @@ def test_the_decoder_beside_an_export_is_read_back_exactly(tmp_path, fmt):
         assert torch.equal(mae.load_encoder(out).eval().forward_features(x), model.encoder.forward_features(x))
 
 
-def test_cli_with_decoder_and_without(tmp_path):
+def test_cli_with_decoder_and_without(tmp_path, capsys):
     model = mae.create_mae("mae_vit_micro_patch8")
     mae.weights.export.save_model(model, tmp_path / "mae.safetensors")
     source = str(tmp_path / "mae.safetensors")
@@ -65,6 +65,12 @@ def test_cli_with_decoder_and_without(tmp_path):
     assert not (tmp_path / "b.decoder.safetensors").exists()
     with pytest.warns(UserWarning, match="freshly initialised"):
         mae.load_pretrained(tmp_path / "b.safetensors")
+    # an encoder-only source has no trained decoder to write: a fresh one beside it would be read back as trained
+    assert main(["export", "--checkpoint", str(tmp_path / "b.safetensors"), "--output", str(tmp_path / "c.safetensors"),
+                 "--with_decoder"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no trained decoder to write beside the encoder; drop --with_decoder" in err[0]
+    assert not (tmp_path / "c.safetensors").exists() and not (tmp_path / "c.decoder.safetensors").exists()
 
 
 def _classifier_run(folder, classes=("cat", "dog", "eel")):

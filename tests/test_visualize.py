@@ -88,3 +88,20 @@ def test_visualize_reads_its_images_as_training_does(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="empty: a folder without images"):
         _read_images([str(tmp_path / "empty")], (20, 20))
+
+
+def test_reconstructions_of_an_encoder_only_file_say_a_trained_decoder_is_needed(tmp_path, capsys):
+    """`mae visualize` of an encoder export stops with one line (a fresh decoder's reconstructions are noise); the
+    attention maps, which read the encoder alone, are drawn from it."""
+    import mae
+    from mae.cli import main
+
+    encoder = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "encoder.safetensors")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    images = ["--images", str(tmp_path / "a.png")]
+    assert main(["visualize", "--checkpoint", str(encoder), *images, "--output", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds an encoder only, and reconstructions need its trained decoder" in err[0], err
+    assert not (tmp_path / "r.png").exists()
+    attention = ["visualize", "--attention", "--pretrained", str(encoder), *images, "--output", str(tmp_path / "a.png")]
+    assert main(attention) == 0 and (tmp_path / "a.png").is_file()

@@ -43,6 +43,7 @@ from mae.train.accelerator import open_accelerator
 from mae.train.checkpoint import check_output_dir
 from mae.train.features import predict
 from mae.train.loaders import eval_loader, prepare_eval
+from mae.weights.importers import load_noting_decoder
 
 # The columns each --score writes, in order (the first is the one metrics.json's auroc/aupr and roc.png judge).
 SCORE_COLUMNS = {"recon": ("recon",), "knn": ("knn",), "gaussian": ("gaussian",), "both": ("recon", "knn"),
@@ -109,17 +110,25 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
 
 
 def open_model(cfg: AnomalyConfig):
-    """(the MAE with its decoder, mean, std): statistics from --data.mean/std, else the model record's
-    (`ModelSpec.input_stats`: recorded, or ImageNet's for 3 channels)."""
+    """(the MAE, with its trained decoder where a score needs it, mean, std): statistics from --data.mean/std, else
+    the model record's (`ModelSpec.input_stats`: recorded, or ImageNet's for 3 channels)."""
     if not cfg.pretrained:
-        raise ConfigError("--pretrained: required: a pretraining output folder, or a checkpoint with its decoder")
+        raise ConfigError(
+            "--pretrained: required: a pretraining output folder, or a checkpoint with its decoder (an encoder alone "
+            "for --score knn or gaussian)"
+        )
     if not Path(cfg.pretrained).exists():
         raise ConfigError(f"--pretrained {cfg.pretrained}: no such file or folder")
+    recon = "recon" in SCORE_COLUMNS[cfg.score]  # the feature scores read the encoder alone
     try:
-        model = load_with_decoder(cfg.pretrained)
+        model = load_with_decoder(cfg.pretrained) if recon else load_noting_decoder(cfg.pretrained)[0]
     except CheckpointError as e:
-        message = NEEDS_DECODER if NEEDS_DECODER in str(e) else str(e)
-        raise ConfigError(f"--pretrained {cfg.pretrained}: {message}") from None
+        if NEEDS_DECODER in str(e):
+            raise ConfigError(
+                f"--pretrained {cfg.pretrained} {NEEDS_DECODER}, or use --score knn or gaussian (the encoder alone) "
+                f"instead of --score {cfg.score}"
+            ) from None
+        raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
     if cfg.masks > model.num_patches:
         raise ConfigError(f"--masks {cfg.masks}: at most {model.num_patches}, the model's patch count")
     recorded = model.spec.input_stats() or (None, None)  # the model record's rule for unrecorded statistics

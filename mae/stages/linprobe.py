@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from timm.optim import Lars
 
@@ -24,6 +23,7 @@ from mae.stages.downstream import (
 )
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import plain_model, warn
+from mae.train.feature_cache import FeatureCache, data_fingerprint, weights_digest
 from mae.train.features import predict
 from mae.train.loaders import make_loader, prepare_eval
 from mae.train.optim import effective_batch
@@ -79,9 +79,11 @@ def probe_data(cfg: LinprobeConfig, setup: Downstream, encoder: torch.nn.Module,
     features and the head alone, or images through the frozen encoder (`LinearProbe`)."""
     eval_tf = eval_transform(setup, cfg)
     if mode == "cached":
-        cache = Path(cfg.cache_dir) if cfg.cache_dir else None
+        cache = feature_cache(cfg, setup) if cfg.cache_dir else None
         train_feats = _cached(setup, cfg, encoder, setup.train, cache, "train")
         val_feats = _cached(setup, cfg, encoder, setup.val, cache, "val")
+        if cache is not None and not cache.reusable and setup.accelerator.is_main_process:
+            cache.seal()
         return FeatureSamples(*train_feats), FeatureSamples(*val_feats), head, 0
     c, size = setup.in_chans, setup.size
     if cfg.augment:
@@ -108,18 +110,43 @@ class FeatureSamples(torch.utils.data.Dataset):
         return {"image": self.features[index], "label": int(self.labels[index]), "index": index}
 
 
-def _cached(setup: Downstream, cfg: Any, encoder, source, cache: Path | None, name: str):
+def feature_cache(cfg: LinprobeConfig, setup: Downstream) -> FeatureCache:
+    """--cache_dir, and whether the features there are this run's (decided by every process before any writes)."""
+    val = cfg.data.val_path or f"{cfg.data.path} (held out: val_fraction {cfg.data.val_fraction}, seed {cfg.seed})"
+    record = {
+        "pretrained": cfg.pretrained,  # for readers: the encoder is known by its weights, wherever they were read
+        "encoder": {
+            "weights_sha256": weights_digest(setup.encoder.state),
+            "architecture": setup.encoder.arch,
+            "precision": setup.accelerator.mixed_precision,
+        },
+        "data": {
+            "train": {"path": cfg.data.path, **data_fingerprint(setup.train)},
+            "val": {"path": val, **data_fingerprint(setup.val)},
+        },
+        "transform": {
+            "img_size": list(setup.size),
+            "crop_pct": cfg.data.crop_pct,
+            "mean": list(setup.mean),
+            "std": list(setup.std),
+            "in_chans": setup.in_chans,
+            "pool": cfg.model.pool,
+        },
+    }
+    cache = FeatureCache(cfg.cache_dir, record)
+    cache.decide(("train", "val"), setup.accelerator.print)
+    setup.accelerator.wait_for_everyone()  # every process has read the old record before the main one rewrites it
+    return cache
+
+
+def _cached(setup: Downstream, cfg: Any, encoder, source, cache: FeatureCache | None, name: str):
     """(features, labels) of a labeled source, computed once (and kept on disk, memory-mapped, with `cache`)."""
-    if cache is not None and (cache / f"{name}_features.npy").exists():
-        # copy-on-write: still memory-mapped, but writable, so torch does not warn of a read-only array
-        feats = np.load(cache / f"{name}_features.npy", mmap_mode="c")
-        return torch.from_numpy(feats), torch.from_numpy(np.load(cache / f"{name}_labels.npy"))
+    if cache is not None and cache.reusable:
+        return cache.read(name)
     accelerator = setup.accelerator
     feats, labels = predict(encoder, prepare_eval(accelerator, labeled_eval_loader(setup, source, cfg)), accelerator)
     if cache is not None and accelerator.is_main_process:
-        cache.mkdir(parents=True, exist_ok=True)
-        np.save(cache / f"{name}_features.npy", feats.numpy())
-        np.save(cache / f"{name}_labels.npy", labels.numpy())
+        cache.write(name, feats, labels)
     return feats, labels
 
 

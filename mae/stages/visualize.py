@@ -12,7 +12,7 @@ from mae.models.spec import ModelSpec
 from mae.run_folder import run_config
 from mae.stages.pretrain import check_masking
 from mae.stages.registry import StageResult, register_stage
-from mae.weights.importers import load_pretrained
+from mae.weights.importers import load_noting_decoder
 
 PREVIEW_IMAGES = 8  # a folder given to --images shows its first images
 
@@ -83,7 +83,12 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
         return StageResult(export=path)
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint: required (a pretraining output folder or a checkpoint with a decoder)")
-    model = load_pretrained(cfg.checkpoint)
+    model, has_decoder = load_noting_decoder(cfg.checkpoint)
+    if not has_decoder:  # a freshly initialised decoder's reconstructions are noise
+        raise ConfigError(
+            f"--checkpoint {cfg.checkpoint} holds an encoder only, and reconstructions need its trained decoder: give "
+            "a pretraining run folder or an export written with --with_decoder, or show --attention (the encoder alone)"
+        )
     run = run_config(cfg.checkpoint) or {}
     data = run.get("data", {})
     mean, std = _stats(model.spec, cfg.checkpoint)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from mae.run_folder import ENCODER, HF_CONFIG, HF_WEIGHTS, decoder_beside, run_c
 from mae.version import __version__
 from mae.weights.card import model_card
 from mae.weights.files import cpu_tensors, read_metadata, write_safetensors
-from mae.weights.importers import load_pretrained
+from mae.weights.importers import load_noting_decoder
 from mae.weights.record import spec_metadata
 
 
@@ -134,10 +133,9 @@ def export_encoder(
     """
     if format not in ("safetensors", "hf-folder"):
         raise ValueError(f"--format {format}: choose safetensors or hf-folder")
-    with warnings.catch_warnings():
-        if not with_decoder:  # the decoder is not written: whether it was fresh does not matter
-            warnings.filterwarnings("ignore", message=".*encoder only.*")
-        model = source if isinstance(source, MaskedAutoencoder) else load_pretrained(source)
+    model, has_decoder = (source, True) if isinstance(source, MaskedAutoencoder) else load_noting_decoder(source)
+    if with_decoder and not has_decoder:  # a fresh decoder written beside it would be read back as a trained one
+        raise CheckpointError(f"{source}: holds no trained decoder to write beside the encoder; drop --with_decoder")
     config = None if isinstance(source, MaskedAutoencoder) else run_config(source)
     # Written by hand, not with timm's `save_for_hf`: that writes model.safetensors without the metadata
     # `load_encoder` and `read_encoder` read, and its config.json changes across the timm 1.0.x we accept.

@@ -45,7 +45,13 @@ from mae.weights.files import cpu_tensors, read_metadata
 from mae.weights.formats import hf_vitmae_to_mae, mae_to_hf_vitmae, official_to_mae
 from mae.weights.record import file_spec, read_spec
 
-__all__ = ["hf_vitmae_to_mae", "load_pretrained", "locate_weights", "mae_to_hf_vitmae", "read_encoder"]
+__all__ = ["hf_vitmae_to_mae", "load_noting_decoder", "load_pretrained", "locate_weights", "mae_to_hf_vitmae",
+           "read_encoder"]  # fmt: skip
+
+
+class EncoderOnlyWarning(UserWarning):
+    """`load_pretrained` of a file without decoder weights: the model's decoder is freshly initialised. A category
+    of its own, so a reader that needs a trained decoder (reconstructions, `mae convert`) asks for it by class."""
 
 # --- reading files --------------------------------------------------------------------------------
 
@@ -276,8 +282,21 @@ def _build(kwargs: dict[str, Any], state: dict[str, torch.Tensor], fmt: str, p: 
             f"unexpected {result.unexpected_keys[:3]}"
         )
     if not has_decoder:
-        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", stacklevel=3)
+        warnings.warn(f"{p} holds an encoder only ({fmt}); the decoder is freshly initialised", EncoderOnlyWarning, 3)
     return model
+
+
+def load_noting_decoder(path: str | os.PathLike, **overrides: Any) -> tuple[MaskedAutoencoder, bool]:
+    """(`load_pretrained(path, **overrides)`, whether the file held decoder weights): for the readers that must not
+    take a freshly initialised decoder for a trained one. Its `EncoderOnlyWarning` is answered by the flag; others
+    pass on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load_pretrained(path, **overrides)
+    for w in caught:
+        if not issubclass(w.category, EncoderOnlyWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model, not any(issubclass(w.category, EncoderOnlyWarning) for w in caught)
 
 
 def _decoder_beside(path: Path, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], ModelSpec | None]:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 from PIL import Image
+from safetensors.torch import load_file
 
 import mae
 from mae.anomaly_maps import encoder_features, gaussian_distance, load_with_decoder, patch_tokens, position_distance
@@ -21,6 +22,7 @@ from mae.api import run as api_run
 from mae.cli import main
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
 from mae.data.transforms import normalize
+from mae.run_folder import decoder_beside
 from mae.stages.anomaly import input_transform
 from mae.weights.export import save_model
 
@@ -284,10 +286,35 @@ def test_two_processes_give_the_same_scores(tmp_path, trained, mvtec, score):
     np.testing.assert_allclose([two[k] for k in one], list(one.values()), rtol=1e-5)
 
 
+def test_a_converted_encoder_only_file_says_a_trained_decoder_is_needed(tmp_path, capsys, trained, mvtec):
+    """`mae convert` of an encoder-only .pth writes the encoder export (no decoder, fresh or other; said in one line);
+    `mae anomaly` of it stops with one line for every score that reads reconstructions, and scores k-NN from the
+    encoder alone exactly as the run it came from does."""
+    root, _ = mvtec
+    encoder = mae.load_pretrained(trained).encoder.state_dict()  # timm keys: the official encoder-only layout
+    torch.save({"model": encoder}, tmp_path / "encoder.pth")
+    converted = tmp_path / "converted.safetensors"
+    assert main(["convert", str(tmp_path / "encoder.pth"), "--output", str(converted), "--num_heads", "3"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and "encoder-only" in printed[0] and "holds no decoder weights" in printed[0]
+    written = load_file(converted)
+    assert written.keys() == encoder.keys() and all(torch.equal(written[k], encoder[k]) for k in encoder)
+    assert not decoder_beside(converted).exists()
+    data = ["--data.path", root / "test", "--train_path", root / "test" / "good"]
+    for score in ("recon", "both", "all"):
+        assert run("--pretrained", converted, *data, "--score", score, "--output_dir", tmp_path / score) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "reconstruction maps need its trained decoder" in err[0], err
+        assert err[0].endswith(f"or use --score knn or gaussian (the encoder alone) instead of --score {score}")
+    for name, source in (("converted", converted), ("run", trained)):
+        assert run("--pretrained", source, *data, "--score", "knn", "--output_dir", tmp_path / name) == 0
+    assert (tmp_path / "converted" / "scores.csv").read_text() == (tmp_path / "run" / "scores.csv").read_text()
+
+
 @pytest.mark.parametrize(
     "case,expected",
     [
-        ("encoder_only", "maps need the decoder: use a pretraining run folder or an export that carries it"),
+        ("encoder_only", "holds an encoder only, and reconstruction maps need its trained decoder: give a pretraining"),
         ("no_pretrained", "--pretrained: required"),
         ("missing_pretrained", "--pretrained /no/such: no such file or folder"),
         ("normal_not_a_class", "--normal shiny: not a class of --data.path (its classes: good, noise)"),

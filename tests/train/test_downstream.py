@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -94,21 +95,62 @@ def test_linprobe_learns_and_never_touches_the_encoder(tmp_path, labeled, encode
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch's on a read-only memory-mapped array
-def test_cached_features_on_disk_are_read_back(tmp_path, labeled, encoder, monkeypatch):
+def test_cached_features_on_disk_are_read_back(tmp_path, labeled, encoder, monkeypatch, capsys):
     """--cache_dir: the first run encodes and writes the features, the second reads them (the encoder never runs)
     and trains the same probe."""
     args = ["--pretrained", encoder, "--data.path", labeled, "--loop.epochs", 2, "--mode", "cached",
             "--optim.optimizer", "sgd", "--cache_dir", tmp_path / "cache"]  # fmt: skip
     assert run("linprobe", *args, "--output_dir", tmp_path / "first") == 0
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
-        "train_features.npy", "train_labels.npy", "val_features.npy", "val_labels.npy"]  # fmt: skip
+        "cache.json", "train_features.npy", "train_labels.npy", "val_features.npy", "val_labels.npy"]  # fmt: skip
 
     def never(self, *a, **k):
         raise AssertionError("the encoder ran although the features were cached")
 
     monkeypatch.setattr(VisionTransformer, "forward_features", never)
+    capsys.readouterr()
     assert run("linprobe", *args, "--output_dir", tmp_path / "second") == 0
     assert evals(tmp_path / "second")[-1] == evals(tmp_path / "first")[-1]
+    assert [line for line in capsys.readouterr().out.splitlines() if "--cache_dir" in line] == [
+        f"--cache_dir {tmp_path / 'cache'}: reading the features cached there (the same encoder, data and transform)"
+    ]
+
+
+def test_a_cache_made_otherwise_is_made_again(tmp_path, labeled, encoder, capsys):
+    """--cache_dir shared by runs that would make other features: each computes its own, overwrites the cache and
+    says in one line which part differed. A zeroed encoder gives every image the same features, so its probe
+    cannot tell the classes apart: its top-1 is not the first encoder's, as it was when it read the first's cache."""
+    zeroed = mae.create_mae("mae_vit_micro_patch8")
+    for p in zeroed.encoder.parameters():
+        torch.nn.init.zeros_(p)
+    zeroed = mae.export_encoder(zeroed, tmp_path / "zeroed.safetensors")
+    cache = tmp_path / "cache"
+    common = ["--data.path", labeled, "--loop.epochs", 4, "--mode", "cached", "--optim.optimizer", "sgd",
+              "--optim.blr", 1.0, "--optim.warmup_epochs", 1, "--cache_dir", cache]  # fmt: skip
+
+    def probe(name, pretrained, *args):
+        capsys.readouterr()
+        assert run("linprobe", *common, "--pretrained", pretrained, "--output_dir", tmp_path / name, *args) == 0
+        said = [line for line in capsys.readouterr().out.splitlines() if "--cache_dir" in line]
+        return evals(tmp_path / name)[-1]["top1"], said
+
+    first, said = probe("first", encoder)
+    assert first >= 80.0 and said == []  # chance is 33%; an empty cache is filled without a word
+    second, said = probe("second", zeroed)
+    assert second < 60.0 and second != first
+    assert len(said) == 1 and said[0].startswith(f"--cache_dir {cache}: computing the features again, overwriting")
+    assert "they were made by another encoder (weights_sha256 " in said[0]
+    assert not np.load(cache / "train_features.npy").any()  # the zeroed encoder's features, not the first's
+    _, said = probe("crop", zeroed, "--data.crop_pct", 1.0)
+    assert len(said) == 1 and said[0].endswith("they were made with another transform (crop_pct 0.875, this run's 1.0)")
+    _, said = probe("split", zeroed, "--data.crop_pct", 1.0, "--data.val_fraction", 0.5)
+    assert len(said) == 1 and "they were made from other data (train.fingerprint " in said[0]
+    (cache / "cache.json").unlink()  # as an older version (or an interrupted write) leaves it
+    _, said = probe("unrecorded", encoder)
+    assert len(said) == 1 and said[0].endswith("no cache.json says what made them (written by an older version, or "
+                                               "interrupted)")  # fmt: skip
+    again, said = probe("again", encoder)
+    assert again == first and "reading the features cached there" in said[0]
 
 
 def export_top1(out, data) -> float:
@@ -229,6 +271,35 @@ def test_two_processes_give_the_same_top1(tmp_path, labeled, encoder):
     one, two = evals(tmp_path / "one")[0], evals(tmp_path / "two")[0]
     assert one["samples"] == two["samples"] == 36  # 36 of 120: uneven over 2 processes x batch 16, counted exactly
     assert one["top1"] == two["top1"]
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_feature_cache(tmp_path, labeled, encoder):
+    """Two processes decide alike whether --cache_dir's features are theirs (or the gathers would not match): a run
+    of another encoder computes its own and writes them once, and one process then reads them as its own."""
+    cache = tmp_path / "cache"
+    args = ["linprobe", *COMMON, "--data.path", str(labeled), "--loop.epochs", "2", "--mode", "cached",
+            "--optim.optimizer", "sgd", "--cache_dir", str(cache)]  # fmt: skip
+    torch.manual_seed(1)  # (random:mae_vit_micro_patch8 at --seed 0 has the fixture's very weights, and features)
+    other = str(mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "other.safetensors"))
+    for name, pretrained in (("first", encoder), ("other", other)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             "-m", "mae", *args, "--pretrained", str(pretrained), "--output_dir", str(tmp_path / name)],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("computing the features again") == 1  # said once, by the main process
+    assert json.loads((cache / "cache.json").read_text())["pretrained"] == other
+    # what the two processes wrote is what one process makes of that encoder, and one process reads it back
+    AcceleratorState._reset_state(True)
+    alone = [*args[:-1], str(tmp_path / "alone"), "--pretrained", other]
+    assert main([*alone, "--output_dir", str(tmp_path / "one")]) == 0
+    for name in ("train_features", "train_labels", "val_features", "val_labels"):
+        assert np.array_equal(np.load(cache / f"{name}.npy"), np.load(tmp_path / "alone" / f"{name}.npy")), name
+    AcceleratorState._reset_state(True)
+    assert main([*args, "--pretrained", other, "--output_dir", str(tmp_path / "read")]) == 0
+    assert evals(tmp_path / "read")[-1] == evals(tmp_path / "one")[-1]
 
 
 @pytest.mark.parametrize(
