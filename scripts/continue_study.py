@@ -69,8 +69,9 @@ def scores(encoder: Path, train: Path, test: Path, out: Path, seed: int) -> dict
     r = {}
     for name in ("linprobe", "knn"):
         run = out / f"{encoder.name}_{name}"
+        quiet = ["--loop.progress", "false"] if name != "knn" else []  # k-NN trains nothing: no progress bar
         stage(name, run, "--pretrained", str(encoder), "--data.path", str(train), "--data.val_path", str(test),
-              "--seed", str(seed), "--loop.progress", "false")  # fmt: skip
+              "--seed", str(seed), *quiet)  # fmt: skip
         r[name] = round(last_eval(run)["top1"], 2)
     return r
 

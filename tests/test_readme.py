@@ -53,9 +53,10 @@ def data(tmp_path_factory):
     make_labeled(root / "train", per_class=16, seed=0)
     make_labeled(root / "val", per_class=8, seed=1)
     pre = root / "pre"
-    fast = ["--loop.mixed_precision", "no", "--data.num_workers", 0, "--loop.progress", "false"]
+    fast = ["--loop.mixed_precision", "no", "--data.num_workers", 0]
     assert cli("pretrain", "--data.path", root / "imgs", "--model.name", "mae_vit_micro_patch8", "--model.img_size", 32,
-               "--loop.epochs", 2, "--loop.batch_size", 8, "--output_dir", pre, *fast) == 0  # fmt: skip
+               "--loop.epochs", 2, "--loop.batch_size", 8, "--output_dir", pre, "--loop.progress", "false",
+               *fast) == 0  # fmt: skip
     return root, pre, fast
 
 
@@ -79,7 +80,7 @@ def test_the_classifier_snippet_gives_the_logged_accuracy(data, tmp_path):
     out = tmp_path / "ft"
     assert cli("finetune", "--pretrained", pre, "--data.path", root / "train", "--data.val_path", root / "val",
                "--loop.epochs", 3, "--loop.batch_size", 8, "--optim.warmup_epochs", 1, "--output_dir", out,
-               *fast) == 0  # fmt: skip
+               "--loop.progress", "false", *fast) == 0  # fmt: skip
     ns = snippet("classifier.safetensors", out / "classifier.safetensors")
     logits, _, labels = features(ns["model"], ns["transform"], root / "val")
     assert ns["classes"] == ["blue", "green", "red"]

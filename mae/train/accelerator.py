@@ -93,11 +93,13 @@ def _multi_process_cpu() -> bool:
 
 
 def open_accelerator(cfg: Any) -> Accelerator:
-    """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`."""
+    """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`. A stage that trains nothing
+    has no `loop.accum_steps` or `loop.log_with` (it takes one step per batch and logs to no tracker)."""
+    loop = cfg.loop
     accelerator = Accelerator(
-        mixed_precision=resolve_precision(cfg.loop.mixed_precision),
-        gradient_accumulation_steps=cfg.loop.accum_steps,
-        log_with=resolve_tracker(cfg.loop.log_with),
+        mixed_precision=resolve_precision(loop.mixed_precision),
+        gradient_accumulation_steps=getattr(loop, "accum_steps", 1),
+        log_with=resolve_tracker(getattr(loop, "log_with", "none")),
         project_dir=str(cfg.output_dir),
         cpu=_multi_process_cpu(),
     )

@@ -132,8 +132,10 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
         assert main(["visualize", "--checkpoint", str(out), "--images", str(image), "--bands", "[0, 5, 12]",
                      "--output", str(tmp_path / "bands.png")]) == 0  # fmt: skip
         common = ["--pretrained", str(out), "--data.path", str(labeled), "--loop.batch_size", "8",
-                  "--data.num_workers", "0", "--loop.progress", "false", "--loop.mixed_precision", "no"]  # fmt: skip
-        for stage, extra in (("linprobe", ["--loop.epochs", "3"]), ("finetune", ["--loop.epochs", "1"]), ("knn", [])):
+                  "--data.num_workers", "0", "--loop.mixed_precision", "no"]  # fmt: skip
+        quiet = ["--loop.progress", "false"]
+        for stage, extra in (("linprobe", ["--loop.epochs", "3", *quiet]), ("finetune", ["--loop.epochs", "1", *quiet]),
+                             ("knn", [])):  # fmt: skip
             AcceleratorState._reset_state(True)
             assert main([stage, *common, *extra, "--output_dir", str(tmp_path / stage)]) == 0, stage
         meta = safe_open(str(tmp_path / "finetune" / "classifier.safetensors"), "pt").metadata()

@@ -229,11 +229,12 @@ def test_labeled_stages_read_labeled_shards(corpus, tmp_path):
     _, shards = corpus
     torch.manual_seed(0)
     encoder = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8", img_size=32), tmp_path / "enc.safetensors")
-    common = ["--pretrained", encoder, "--data.path", shards, "--data.num_workers", "0", "--loop.progress", "false",
-              "--loop.mixed_precision", "no", "--loop.batch_size", 8, "--data.val_fraction", 0.25]  # fmt: skip
+    common = ["--pretrained", encoder, "--data.path", shards, "--data.num_workers", "0", "--loop.mixed_precision", "no",
+              "--loop.batch_size", 8, "--data.val_fraction", 0.25]  # fmt: skip
+    train = ["--loop.progress", "false", "--loop.epochs", 1]
     assert cli("knn", *common, "--output_dir", tmp_path / "knn") == 0
-    assert cli("linprobe", *common, "--loop.epochs", 1, "--output_dir", tmp_path / "probe") == 0
-    assert cli("finetune", *common, "--loop.epochs", 1, "--output_dir", tmp_path / "ft",
+    assert cli("linprobe", *common, *train, "--output_dir", tmp_path / "probe") == 0
+    assert cli("finetune", *common, *train, "--output_dir", tmp_path / "ft",
                "--data.val_path", shards) == 0  # fmt: skip
     for run in ("knn", "probe", "ft"):
         lines = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]

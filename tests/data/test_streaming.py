@@ -139,16 +139,16 @@ def labeled_args(parquet_set, tmp_path):
     torch.manual_seed(0)
     encoder = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8", img_size=32), tmp_path / "enc.safetensors")
     return ["--pretrained", str(encoder), "--data.path", f"hf:{parquet_set}", "--data.val_path", f"hf:{parquet_set}",
-            "--data.streaming", "true", "--data.num_workers", "0", "--loop.progress", "false",
-            "--loop.mixed_precision", "no", "--loop.batch_size", "8"]  # fmt: skip
+            "--data.streaming", "true", "--data.num_workers", "0", "--loop.mixed_precision", "no",
+            "--loop.batch_size", "8"]  # fmt: skip
 
 
 def test_labeled_stages_stream(parquet_set, tmp_path):
     args = labeled_args(parquet_set, tmp_path)
     for stage, extra in (
         ("knn", []),
-        ("linprobe", ["--loop.epochs", "2"]),
-        ("finetune", ["--loop.epochs", "1", "--loop.log_every", "1"]),
+        ("linprobe", ["--loop.epochs", "2", "--loop.progress", "false"]),
+        ("finetune", ["--loop.epochs", "1", "--loop.log_every", "1", "--loop.progress", "false"]),
     ):
         AcceleratorState._reset_state(True)
         assert main([stage, *args, *extra, "--output_dir", str(tmp_path / stage)]) == 0, stage
