@@ -10,8 +10,7 @@ from typing import Any
 
 from mae.errors import ConfigError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from mae.models.spec import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401 - the record's default, the options' too
 
 
 @dataclass(frozen=True)
