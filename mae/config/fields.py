@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from mae.errors import ConfigError
-
 from mae.models.spec import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401 - the record's default, the options' too
 
 
