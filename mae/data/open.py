@@ -40,6 +40,7 @@ from mae.data.hf import DATASET_LABEL, is_saved_dataset, open_hf
 from mae.data.shards import is_shard_set, open_shards
 from mae.data.streaming import StreamSource, not_streamable
 from mae.errors import DataError
+from mae.registry import Registry
 
 
 @runtime_checkable
@@ -93,7 +94,7 @@ class SourceKind:
         raise not_streamable(path)
 
 
-_KINDS: list[SourceKind] = []  # in the order they are asked: the latest registration first
+_KINDS: Registry[SourceKind] = Registry("source kind")
 
 
 def register_source(kind: type[SourceKind]) -> type[SourceKind]:
@@ -101,19 +102,23 @@ def register_source(kind: type[SourceKind]) -> type[SourceKind]:
     every kind registered earlier, and replaces a kind of the same name."""
     if not kind.name:
         raise ValueError(f"{kind.__name__}: a source kind needs a name")
-    unregister_source(kind.name)
-    _KINDS.insert(0, kind())
+    _KINDS.register(kind.name, kind())
     return kind
 
 
 def unregister_source(name: str) -> None:
     """Forget the kind called `name` (tests register kinds of their own and remove them after)."""
-    _KINDS[:] = [k for k in _KINDS if k.name != name]
+    _KINDS.unregister(name)
+
+
+def _asked() -> list[SourceKind]:
+    """The registered kinds in the order a path is offered to them: the latest registration first."""
+    return _KINDS.values()[::-1]
 
 
 def list_sources() -> list[str]:
     """The names of the registered source kinds, in the order a path is offered to them."""
-    return [k.name for k in _KINDS]
+    return [k.name for k in _asked()]
 
 
 def open_source(
@@ -130,7 +135,7 @@ def open_source(
     else an unlabeled one. `streaming`: a `StreamSource` for `hf:` paths, a one-line `DataError` for others."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
-    kind = next((k for k in _KINDS if k.matches(path)), None)
+    kind = next((k for k in _asked() if k.matches(path)), None)
     if kind is None:
         raise DataError(f"{option} {path!r}: no source kind reads this (kinds: {', '.join(list_sources())})")
     read = kind.stream if streaming else kind.open
