@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 
 
@@ -94,8 +95,13 @@ def _multi_process_cpu() -> bool:
 
 def open_accelerator(cfg: Any) -> Accelerator:
     """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`."""
+    precision = resolve_precision(cfg.loop.mixed_precision)
+    if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
+        # Accelerate fixes the precision once per process (a second Accelerator with another raises) and has no
+        # public way to release it; a stage run after another in one process (the Python API) needs its own.
+        AcceleratorState._reset_state()
     accelerator = Accelerator(
-        mixed_precision=resolve_precision(cfg.loop.mixed_precision),
+        mixed_precision=precision,
         gradient_accumulation_steps=cfg.loop.accum_steps,
         log_with=resolve_tracker(cfg.loop.log_with),
         project_dir=str(cfg.output_dir),
