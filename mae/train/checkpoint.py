@@ -21,6 +21,7 @@ import yaml
 from accelerate import Accelerator
 
 from mae.config import flatten, to_dict
+from mae.data.open import recordable
 from mae.errors import ConfigError
 from mae.run_folder import (
     CONFIG,
@@ -141,7 +142,7 @@ def find_resume_checkpoint(cfg: Any) -> Path | None:
         return None
     ckpt = found[0]
     saved = flatten(yaml.safe_load((ckpt / CONFIG).read_text()))
-    current = flatten(to_dict(cfg))
+    current = flatten(to_dict(recordable(cfg)))
     ignore = {"loop.epochs", "resume", "output_dir"}
     changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))
     if changed:
