@@ -1,11 +1,12 @@
 """Masked autoencoder pretraining for timm Vision Transformers.
 
 Models (`create_mae`, `list_presets`), weights in and out (`load_pretrained`, `export_encoder`, `load_encoder`),
-and one function per stage (`pretrain`, `linprobe`, `finetune`, `knn`, `visualize`, `export`, `stats`, `convert`,
-`shard`: the command line's stages, validated as it validates them). Every error a user can cause is a `MaeError`.
+and one function per registered stage, plugins included (`mae.pretrain(...)`, `mae.linprobe(...)`, ...: the command
+line's stages, validated as it validates them; `list_stages()` names them). Every error a user can cause is a
+`MaeError`.
 """
 
-from mae.api import anomaly, convert, export, finetune, knn, linprobe, predict, pretrain, shard, stats, visualize
+from mae.api import registered_stage
 from mae.errors import CheckpointError, ConfigError, DataError, MaeError, TrainingError
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.stages import StageResult, list_stages, register_stage
@@ -15,7 +16,6 @@ from mae.weights.export import export_encoder, load_encoder
 from mae.weights.importers import load_pretrained
 
 __all__ = [
-    "anomaly",
     "CheckpointError",
     "ConfigError",
     "DataError",
@@ -25,22 +25,28 @@ __all__ = [
     "StageResult",
     "TrainingError",
     "__version__",
-    "convert",
     "create_mae",
-    "export",
     "export_encoder",
-    "finetune",
-    "knn",
-    "linprobe",
     "list_presets",
     "list_stages",
     "load_classifier",
     "load_encoder",
     "load_pretrained",
-    "predict",
-    "pretrain",
     "register_stage",
-    "shard",
-    "stats",
-    "visualize",
+    *list_stages(),  # the stages registered on import; a plugin's are reached by name (`__getattr__`)
 ]
+
+
+def __getattr__(name: str):
+    """`mae.pretrain`, `from mae import knn`, `mae.<plugin stage>`: the function of any registered stage."""
+    found = registered_stage(name)
+    if found is None:
+        raise AttributeError(f"module 'mae' has no attribute {name!r}")
+    return found
+
+
+def __dir__() -> list[str]:
+    from mae.plugins import load_plugins
+
+    load_plugins()  # a plugin's stages are names of the package too
+    return sorted(set(globals()) | set(list_stages()))

@@ -1,73 +1,28 @@
-"""`mae <stage> [--config RECIPE.yaml] [--section.key VALUE ...]`: parse, validate, dispatch.
+"""`mae <stage> [--config RECIPE.yaml] [--section.key VALUE ...]`: a thin front over the stages.
 
 The stages come from `mae.stages` (the registry); plugins named in `MAE_PLUGINS` or installed under the
 `mae.plugins` entry point are imported first, so their stages, sources, masks and decoders are there too.
-Precedence: dataclass defaults < (demo settings, when no data is given) < YAML < command line.
+The words are read by the stage's parser (`mae.stages.options`, which the Python API validates with too:
+defaults < demo settings when no data is given < recipe < command line), the stage runs, and what goes wrong
+ends as one line and an exit status.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import os
 import sys
 import traceback
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
-
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, set_parsing_settings
 
 from mae.errors import ConfigError, MaeError, TrainingError, one_line
 from mae.plugins import load_plugins
 from mae.run_folder import error_log
 from mae.stages import get_stage, list_stages
+from mae.stages.options import build_parser, parse
 
-# Each config field's docstring is its --help text.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-
-def build_parser(stage: str) -> ArgumentParser:
-    """The stage's parser: its config's fields as `--section.key` options (docstrings as help), plus the
-    positional words, lists and flags the stage declares."""
-    s = get_stage(stage)
-    parser = ArgumentParser(prog=f"mae {stage}", description=s.description, exit_on_error=False, default_meta=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="A recipe YAML (sparse: only what differs).")
-    manual = set(s.positional) | set(s.lists) | set(s.flags)
-    parser.add_class_arguments(s.config, fail_untyped=True, sub_configs=True, skip=manual)
-    for name, help in s.flags.items():  # `--attention` alone reads best
-        parser.add_argument(f"--{name}", action=ActionYesNo, default=False, help=help)
-    optional = {f.name for f in fields(s.config) if f.default is not MISSING or f.default_factory is not MISSING}
-    for name, help in s.lists.items():  # a list of files reads best as `--images a.jpg b.jpg`
-        parser.add_argument(f"--{name}", nargs="+", type=str, required=name not in optional, help=help)
-    for name, help in s.positional.items():
-        parser.add_argument(name, type=str, help=help)
-    return parser
-
-
-def parse(stage: str, argv: list[str]) -> Any:
-    """Parse a stage's options into its frozen config dataclass, every range checked."""
-    s = get_stage(stage)
-    parser = build_parser(stage)
-    try:
-        # jsonargparse prints the config and exits while parsing --print_config: decide "demo or not" without
-        # it, so that what it prints is what the demo then runs.
-        printing = [a for a in argv if a.startswith("--print_config")]
-        ns = parser.parse_args([a for a in argv if a not in printing])
-        demo = s.demo is not None and ns.data.path is None
-        if demo:  # the demo's settings, under the user's own options
-            parser.set_defaults(s.demo)
-        if demo or printing:
-            ns = parser.parse_args(argv)
-    except argparse.ArgumentError as e:
-        raise ConfigError(one_line(e)) from None
-    ns = parser.instantiate(ns) if hasattr(parser, "instantiate") else parser.instantiate_classes(ns)
-    cfg = s.finalize(s.config(**{f.name: ns[f.name] for f in fields(s.config)}))
-    if demo:
-        print(
-            f"mae {stage}: no --data.path given: training on the built-in demo photos (scikit-image)", file=sys.stderr
-        )
-    return cfg
+__all__ = ["build_parser", "main", "parse"]
 
 
 def _cause(e: BaseException) -> str:

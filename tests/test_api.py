@@ -1,22 +1,22 @@
-"""The Python API: the stages as functions, in one process, validated as the command line validates them."""
+"""The Python API: the stages as functions, in one process (no reset of Accelerate's state between them),
+validated as the command line validates them."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
+import yaml
 from PIL import Image
 
 import mae
+import mae.cli
+from mae.stages.options import build
 from mae.train.optim import Schedule
 from tests.conftest import make_images, make_labeled
 
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
+TINY = {"model": {"name": "mae_vit_micro_patch8", "img_size": 32}, "optim": {"warmup_epochs": 0}}
 
 
 @pytest.mark.slow
@@ -84,18 +84,76 @@ def test_a_recipe_and_a_config_object_are_read_as_the_command_line_reads_them(tm
         mae.pretrain(PretrainConfig(), seed=-1)
 
 
+def test_a_bad_option_fails_as_a_recipe_or_the_command_line_fails(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("loop:\n  no_such_key: 1\n")
+    with pytest.raises(mae.ConfigError) as api:
+        mae.pretrain(loop={"no_such_key": 1})
+    assert mae.cli.main(["pretrain", "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip() == f"mae pretrain: error: {api.value}"
+    assert str(api.value) == "Group 'loop' does not accept option 'no_such_key'"
+    with pytest.raises(mae.ConfigError) as api:
+        mae.pretrain(loop={"epochs": "many"})
+    assert mae.cli.main(["pretrain", "--loop.epochs", "many"]) == 2
+    assert capsys.readouterr().err.strip() == f"mae pretrain: error: {api.value}"
+    assert "loop.epochs" in str(api.value) and "\n" not in str(api.value)
+
+
+def test_overrides_merge_over_the_recipe_section_by_section_and_a_config_object_round_trips(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("loop:\n  epochs: 7\n  batch_size: 3\noptim:\n  blr: 1.5e-3\n")
+    cfg = build("pretrain", recipe, {"loop": {"epochs": 2}, "data": {"path": tmp_path}, "seed": 4})
+    assert (cfg.loop.epochs, cfg.loop.batch_size, cfg.optim.blr, cfg.seed) == (2, 3, 1.5e-3, 4)
+    assert cfg.data.path == str(tmp_path)  # a Path is a path option's string, as on the command line
+    assert build("pretrain", cfg) == cfg and build("pretrain", cfg, {"loop": cfg.loop}) == cfg
+    with pytest.raises(mae.ConfigError, match=r"^config: expected a recipe path or a PretrainConfig, got KnnConfig$"):
+        build("pretrain", build("knn", None, {"pretrained": "x"}))
+
+
+def test_the_api_sits_below_the_command_line():
+    code = "import sys, mae, mae.api; from mae import pretrain; assert 'mae.cli' not in sys.modules, 'mae.cli'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_registered_stage_is_a_function_of_the_package():
+    assert set(mae.list_stages()) <= set(dir(mae)) and set(mae.list_stages()) <= set(mae.__all__)
+    from mae import knn, pretrain
+
+    assert pretrain is mae.pretrain and knn.__name__ == "knn" and "mae knn --help" in knn.__doc__
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_stage'"):
+        mae.no_such_stage  # noqa: B018
+
+
 def test_data_may_be_a_datasets_dataset_object(tmp_path):
     import datasets
 
     images = [Image.new("RGB", (32, 32), (i * 30 % 255, 80, 160)) for i in range(8)]
     ds = datasets.Dataset.from_dict({"image": images})
-    tiny = {"model": {"name": "mae_vit_micro_patch8", "img_size": 32}, "loop": {"epochs": 1, "batch_size": 4}}
-    result = mae.pretrain(data={"path": ds}, output_dir=tmp_path / "pre", **tiny)
+    assert build("pretrain", None, {"data": {"path": ds}}).data.path is ds  # the object itself, not a token
+    loop = {"epochs": 1, "batch_size": 4, "progress": False}
+    result = mae.pretrain(data={"path": ds}, output_dir=tmp_path / "pre", loop=loop, **TINY)
     assert result.export.is_file() and result.metrics["eval"] == "preview"
-    saved = (tmp_path / "pre" / "config.yaml").read_text()
-    assert "path: datasets-object:" in saved  # what config.yaml can say of an object: its fingerprint
-    with pytest.raises(mae.DataError, match="lives only in the process that handed it"):
-        mae.pretrain(data={"path": "datasets-object:unknown"}, output_dir=tmp_path / "x")
+    saved = yaml.safe_load((tmp_path / "pre" / "config.yaml").read_text())["data"]["path"]
+    assert saved == f"datasets.Dataset(fingerprint={ds._fingerprint}, num_rows=8)"  # what YAML can say of it
+
+    again = mae.pretrain(data={"path": ds}, output_dir=tmp_path / "pre", loop=loop, **TINY)
+    assert again.metrics == result.metrics  # the same dataset: resumed at its end, nothing left to train
+    other = datasets.Dataset.from_dict({"image": images[:6]})
+    with pytest.raises(mae.ConfigError, match=r"trained with a different config \(data.path: "):
+        mae.pretrain(data={"path": other}, output_dir=tmp_path / "pre", loop=loop, **TINY)
+    with pytest.raises(mae.DataError, match="recorded by its fingerprint only; hand the object again"):
+        mae.pretrain(data={"path": saved}, output_dir=tmp_path / "x", loop=loop, **TINY)
+
+
+def test_two_stages_with_different_precisions_run_in_one_process(tmp_path):
+    make_images(tmp_path / "imgs", n=8)
+    for precision in ("no", "bf16", "no"):
+        result = mae.pretrain(data={"path": tmp_path / "imgs", "num_workers": 0}, output_dir=tmp_path / precision,
+                              loop={"epochs": 1, "batch_size": 4, "progress": False, "mixed_precision": precision},
+                              resume="never", **TINY)  # fmt: skip
+        saved = yaml.safe_load((tmp_path / precision / "config.yaml").read_text())
+        assert result.export.is_file() and saved["loop"]["mixed_precision"] == precision
 
 
 def test_min_steps_keeps_the_warm_up_its_share_of_the_run(tmp_path):

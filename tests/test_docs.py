@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState
 
 import mae
 from mae.cli import build_parser, parse
@@ -157,7 +156,6 @@ def test_the_python_walk_through_runs_on_tiny_data(tmp_path, monkeypatch):
                 return real
 
             def call(config=None, **overrides):
-                AcceleratorState._reset_state(True)
                 if isinstance(config, str):
                     config = ROOT / config  # recipes/... from a clone's root
                 forced = _merged(tiny[name], quiet if name != "knn" else {"data": {"num_workers": 0}})

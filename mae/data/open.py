@@ -21,14 +21,15 @@ registration first, and the first whose `matches(path)` is true opens it:
 where it cannot give what was asked; `image_column` and `label_column` are for kinds with columns. A kind
 that can stream overrides `stream` (same arguments; by default a one-line refusal). A source subclasses
 `mae.data.base.BaseSource` to get the protocol's defaults. Built in, in the order they are asked: a
-`datasets.Dataset` object, the demo photos (no path), shard sets, `datasets` (`hf:NAME[:split]` and
-`save_to_disk` folders), and folders of images (the fallback).
+`datasets.Dataset` object (`recorded_path` names it in records), the demo photos (no path), shard sets,
+`datasets` (`hf:NAME[:split]` and `save_to_disk` folders), and folders of images (the fallback).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -40,6 +41,7 @@ from mae.data.hf import DATASET_LABEL, is_saved_dataset, open_hf
 from mae.data.shards import is_shard_set, open_shards
 from mae.data.streaming import StreamSource, not_streamable
 from mae.errors import DataError
+from mae.registry import Registry
 
 
 @runtime_checkable
@@ -93,7 +95,7 @@ class SourceKind:
         raise not_streamable(path)
 
 
-_KINDS: list[SourceKind] = []  # in the order they are asked: the latest registration first
+_KINDS: Registry[SourceKind] = Registry("source kind")
 
 
 def register_source(kind: type[SourceKind]) -> type[SourceKind]:
@@ -101,19 +103,23 @@ def register_source(kind: type[SourceKind]) -> type[SourceKind]:
     every kind registered earlier, and replaces a kind of the same name."""
     if not kind.name:
         raise ValueError(f"{kind.__name__}: a source kind needs a name")
-    unregister_source(kind.name)
-    _KINDS.insert(0, kind())
+    _KINDS.register(kind.name, kind())
     return kind
 
 
 def unregister_source(name: str) -> None:
     """Forget the kind called `name` (tests register kinds of their own and remove them after)."""
-    _KINDS[:] = [k for k in _KINDS if k.name != name]
+    _KINDS.unregister(name)
+
+
+def _asked() -> list[SourceKind]:
+    """The registered kinds in the order a path is offered to them: the latest registration first."""
+    return _KINDS.values()[::-1]
 
 
 def list_sources() -> list[str]:
     """The names of the registered source kinds, in the order a path is offered to them."""
-    return [k.name for k in _KINDS]
+    return [k.name for k in _asked()]
 
 
 def open_source(
@@ -130,7 +136,7 @@ def open_source(
     else an unlabeled one. `streaming`: a `StreamSource` for `hf:` paths, a one-line `DataError` for others."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
-    kind = next((k for k in _KINDS if k.matches(path)), None)
+    kind = next((k for k in _asked() if k.matches(path)), None)
     if kind is None:
         raise DataError(f"{option} {path!r}: no source kind reads this (kinds: {', '.join(list_sources())})")
     read = kind.stream if streaming else kind.open
@@ -203,36 +209,50 @@ class DemoKind(SourceKind):
         return DemoSource()
 
 
-_IN_MEMORY: dict[str, Any] = {}  # token -> a `datasets.Dataset` handed to the Python API in this process
-IN_MEMORY_PREFIX = "datasets-object:"
+STAND_IN = "datasets.Dataset("  # how a record (config.yaml, a checkpoint's config) names a dataset object
 
 
-def remember_dataset(dataset: Any) -> str:
-    """A path string standing for `dataset` in this process (configs hold strings): "datasets-object:FINGERPRINT"."""
-    token = f"{IN_MEMORY_PREFIX}{getattr(dataset, '_fingerprint', None) or id(dataset)}"
-    _IN_MEMORY[token] = dataset
-    return token
+def is_dataset_object(value: Any) -> bool:
+    """A `datasets.Dataset` object (the Python API takes one wherever a data path goes)."""
+    datasets = sys.modules.get("datasets")  # whoever holds a Dataset has imported datasets
+    return datasets is not None and isinstance(value, datasets.Dataset)
+
+
+def recorded_path(value: Any) -> Any:
+    """A data path as records and messages give it: a `datasets.Dataset` object as its readable stand-in,
+    `datasets.Dataset(fingerprint=..., num_rows=...)`, which a resumed run compares; anything else as it is."""
+    if not is_dataset_object(value):
+        return value
+    return f"{STAND_IN}fingerprint={getattr(value, '_fingerprint', None)}, num_rows={value.num_rows})"
+
+
+def recordable(cfg: Any) -> Any:
+    """The config `cfg` (a dataclass, sections nested) with every `datasets.Dataset` object replaced by its
+    stand-in, for config.yaml, a checkpoint's config and metadata (`asdict` would deep-copy the dataset, and
+    YAML cannot hold it)."""
+    changed = {}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        new = recordable(value) if is_dataclass(value) and not isinstance(value, type) else recorded_path(value)
+        if new is not value:
+            changed[f.name] = new
+    return replace(cfg, **changed) if changed else cfg
 
 
 @register_source
 class DatasetKind(SourceKind):
-    """A `datasets.Dataset` object (the Python API), or the token `remember_dataset` gave it, read as `hf:`
-    datasets are."""
+    """A `datasets.Dataset` object (the Python API), read as `hf:` datasets are; its stand-in in a record is
+    refused with what to do."""
 
     name = DATASET_LABEL
 
     def matches(self, path: Any) -> bool:
-        if isinstance(path, str):
-            return path.startswith(IN_MEMORY_PREFIX)
-        datasets = sys.modules.get("datasets")  # whoever holds a Dataset has imported datasets
-        return datasets is not None and isinstance(path, datasets.Dataset)
+        return is_dataset_object(path) or (isinstance(path, str) and path.startswith(STAND_IN))
 
     def open(self, path, *, labeled, image_column, label_column, option):
         if isinstance(path, str):
-            if path not in _IN_MEMORY:
-                raise DataError(
-                    f"{option} {path}: a datasets.Dataset handed to the Python API lives only in the process that "
-                    "handed it; save it (Dataset.save_to_disk) and give its folder"
-                )
-            path = _IN_MEMORY[path]
+            raise DataError(
+                f"{option} {path}: a datasets.Dataset handed to the Python API is recorded by its fingerprint only; "
+                "hand the object again, or save it (Dataset.save_to_disk) and give its folder"
+            )
         return open_hf(path, labeled=labeled, image_column=image_column, label_column=label_column, option=option)

@@ -26,8 +26,9 @@ from torch import nn
 
 from mae.models.encoder import set_sincos_pos_embed
 from mae.models.masking import gather_tokens
+from mae.registry import Registry
 
-_DECODERS: dict[str, type[nn.Module]] = {}
+_DECODERS: Registry[type[nn.Module]] = Registry("decoder")
 D = TypeVar("D", bound=type[nn.Module])
 
 
@@ -35,22 +36,19 @@ def register_decoder(name: str) -> Callable[[D], D]:
     """Class decorator: `--model.decoder NAME` / `create_mae(..., decoder=NAME)` builds this class."""
 
     def add(cls: D) -> D:
-        _DECODERS[name] = cls
-        return cls
+        return _DECODERS.register(name, cls)
 
     return add
 
 
 def list_decoders() -> list[str]:
     """The registered decoder names."""
-    return sorted(_DECODERS)
+    return sorted(_DECODERS.names())
 
 
 def decoder_class(name: str) -> type[nn.Module]:
-    """The decoder registered as `name`; ValueError naming the choices otherwise."""
-    if name not in _DECODERS:
-        raise ValueError(f"unknown decoder '{name}'; choose one of: {', '.join(list_decoders())}")
-    return _DECODERS[name]
+    """The decoder registered as `name`; ConfigError (a ValueError) naming the choices otherwise."""
+    return _DECODERS.get(name)
 
 
 def check_decoder(name: str, **options: Any) -> None:

@@ -31,6 +31,7 @@ from torch import nn
 
 from mae.models.pos_embed import sincos_2d
 from mae.models.spec import ModelSpec
+from mae.registry import Registry
 
 
 class EncoderAdapter(ABC):
@@ -118,18 +119,17 @@ class EncoderAdapter(ABC):
         """Make the patch positions the fixed 2-D sine-cosine table (the MAE's), frozen."""
 
 
-_ADAPTERS: list[type[EncoderAdapter]] = []
+_ADAPTERS: Registry[type[EncoderAdapter]] = Registry("encoder adapter")
 
 
 def register_encoder(cls: type[EncoderAdapter]) -> type[EncoderAdapter]:
-    """Decorator: let the MAE drive modules of `cls.module_type` through `cls`."""
-    _ADAPTERS.append(cls)
-    return cls
+    """Decorator: let the MAE drive modules of `cls.module_type` through `cls` (registered by its class name)."""
+    return _ADAPTERS.register(cls.__name__, cls)
 
 
 def encoder_adapter(module: nn.Module) -> EncoderAdapter:
     """The adapter for a backbone module; TypeError when no registered adapter drives its class."""
-    for cls in reversed(_ADAPTERS):  # the latest registration wins, so a subclass can be specialised
+    for cls in reversed(_ADAPTERS.values()):  # the latest registration wins, so a subclass can be specialised
         if isinstance(module, cls.module_type):
             return cls(module)
     raise TypeError(f"no encoder adapter drives a {type(module).__name__}; register one with register_encoder")

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from mae.registry import Registry
+
 
 class Masking(NamedTuple):
     """Which patches a sample keeps.
@@ -53,28 +55,25 @@ def gather_tokens(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 # the model never knows which strategy ran, every sample keeps exactly K patches (the encoder batch
 # stays dense), and the masks are reproducible from the generator's seed alone.
 MaskGenerator = Callable[[tuple[int, int], int, torch.Generator], torch.Tensor]
-_MASKS: dict[str, MaskGenerator] = {}
+_MASKS: Registry[MaskGenerator] = Registry("masking")
 
 
 def register_mask(name: str) -> Callable[[MaskGenerator], MaskGenerator]:
     """Decorator: make a mask generator available as `--model.masking NAME`."""
 
     def add(fn: MaskGenerator) -> MaskGenerator:
-        _MASKS[name] = fn
-        return fn
+        return _MASKS.register(name, fn)
 
     return add
 
 
 def list_masks() -> list[str]:
-    return sorted(_MASKS)
+    return sorted(_MASKS.names())
 
 
 def mask_generator(name: str) -> MaskGenerator:
-    """The generator registered as `name`; ValueError naming the choices otherwise."""
-    if name not in _MASKS:
-        raise ValueError(f"unknown masking '{name}'; choose one of: {', '.join(list_masks())}")
-    return _MASKS[name]
+    """The generator registered as `name`; ConfigError (a ValueError) naming the choices otherwise."""
+    return _MASKS.get(name)
 
 
 def _ranked_first(keep: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

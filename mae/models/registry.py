@@ -15,32 +15,28 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from mae.models.mae import MaskedAutoencoder
+from mae.registry import Registry
 
-_PRESETS: dict[str, dict[str, Any]] = {}
-_ALIASES: dict[str, str] = {}
+_PRESETS: Registry[dict[str, Any]] = Registry("preset")
 
 
 def register_preset(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
     """Add a preset: `kwargs` are `MaskedAutoencoder` arguments."""
-    _PRESETS[name] = kwargs
-    for alias in aliases:
-        _ALIASES[alias] = name
+    _PRESETS.register(name, kwargs, aliases=aliases)
 
 
 def list_presets(include_aliases: bool = False) -> list[str]:
     """The preset names `create_mae` accepts."""
-    return sorted(_PRESETS) + (sorted(_ALIASES) if include_aliases else [])
+    return sorted(_PRESETS.names()) + (sorted(_PRESETS.aliases()) if include_aliases else [])
 
 
 def resolve_preset(name: str) -> str:
     """The canonical name of a preset or alias, or a timm ViT architecture's name (its encoder at the
-    architecture's own size, with the paper's decoder); ValueError naming the choices otherwise."""
-    name = _ALIASES.get(name, name)
-    if name not in _PRESETS and not _is_timm_vit(name):
-        raise ValueError(
-            f"unknown preset '{name}'; choose one of: {', '.join(list_presets(True))}, or a timm ViT architecture "
-            "(timm.list_models('vit_*'))"
-        )
+    architecture's own size, with the paper's decoder); ConfigError (a ValueError) naming the choices otherwise."""
+    if name in _PRESETS:
+        return _PRESETS.resolve(name)
+    if not _is_timm_vit(name):
+        raise _PRESETS.unknown(name, also="or a timm ViT architecture (timm.list_models('vit_*'))")
     return name
 
 
@@ -61,7 +57,7 @@ def preset_config(name: str) -> dict[str, Any]:
     (patch size, width, depth, heads) and the paper's decoder."""
     name = resolve_preset(name)
     if name in _PRESETS:
-        return dict(_PRESETS[name])
+        return dict(_PRESETS.get(name))
     vit = _meta_vit(name)
     return {
         "encoder_arch": name,
@@ -77,8 +73,8 @@ def preset_matching(**facts: Any) -> dict[str, Any] | None:
     """The arguments of the first preset that agrees with every fact given (e.g. `embed_dim=1024`), or
     None: how a checkpoint's tensors name the architecture they came from."""
     for name in list_presets():
-        if all(_PRESETS[name].get(k) == v for k, v in facts.items()):
-            return dict(_PRESETS[name])
+        if all(_PRESETS.get(name).get(k) == v for k, v in facts.items()):
+            return dict(_PRESETS.get(name))
     return None
 
 

@@ -263,10 +263,10 @@ def ground_truth(source: Any, positions: np.ndarray, size: tuple[int, int]):
     return (torch.tensor(rows), torch.stack(masks).numpy()) if found else None
 
 
-def map_name(name: str, root: str | None) -> str:
+def map_name(name: str, root: Any) -> str:
     """A file name for an image's map: its path below --data.path (or its source name), without extension,
     folders joined by `__`."""
-    if root and name.startswith(str(Path(root))):
+    if isinstance(root, str) and root and name.startswith(str(Path(root))):  # not a datasets.Dataset object
         name = name[len(str(Path(root))) :].lstrip("/")
     stem = re.sub(r"\.[A-Za-z0-9]+$", "", name)
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace("/", "__")).strip("_") or "image"

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, ModelConfig, PretrainConfig, to_dict
-from mae.data.open import open_source
+from mae.data.open import open_source, recordable, recorded_path
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.errors import CheckpointError
@@ -201,7 +201,7 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
     state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
     path = output_dir / ENCODER
     if accelerator.is_main_process:
-        save_encoder(plain_model(accelerator, model), path, to_dict(cfg), full_state=state)
+        save_encoder(plain_model(accelerator, model), path, to_dict(recordable(cfg)), full_state=state)
         if cfg.export_decoder:
             save_decoder(plain_model(accelerator, model), decoder_beside(path), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
@@ -222,7 +222,7 @@ def _title(cfg: PretrainConfig, model, images: int) -> str:
     size = f" {spec.decoder_embed_dim} x {spec.decoder_depth}" if isinstance(model.decoder, PixelDecoder) else ""
     start = f"--init {Path(cfg.init).name}" if cfg.init else cfg.model.name
     arch = f"{start}: {model.adapter.describe()}, {cfg.model.decoder} decoder{size}, {cfg.model.masking} masking"
-    where = f"{cfg.data.path or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"
+    where = f"{recorded_path(cfg.data.path) or 'demo photos'}{', streamed' if cfg.data.streaming else ''}"
     return f"pretraining {arch} on {images} images ({where})"
 
 

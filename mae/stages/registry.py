@@ -17,6 +17,7 @@ from typing import Any
 
 from mae.config import check_config
 from mae.errors import ConfigError
+from mae.registry import Registry
 from mae.run_folder import last_evaluation
 
 
@@ -61,7 +62,7 @@ class Stage:
         return result
 
 
-_STAGES: dict[str, Stage] = {}
+_STAGES: Registry[Stage] = Registry("stage")
 
 
 def register_stage(name: str, config: type, description: str, **how: Any) -> Callable:
@@ -69,23 +70,21 @@ def register_stage(name: str, config: type, description: str, **how: Any) -> Cal
     takes `Stage`'s `positional`, `lists`, `flags` and `demo`. A later registration of a name replaces it."""
 
     def add(run: Callable[[Any], StageResult]) -> Callable[[Any], StageResult]:
-        _STAGES[name] = Stage(name, config, run, description, **how)
+        _STAGES.register(name, Stage(name, config, run, description, **how))
         return run
 
     return add
 
 
 def unregister_stage(name: str) -> None:
-    _STAGES.pop(name, None)
+    _STAGES.unregister(name)
 
 
 def get_stage(name: str) -> Stage:
     """The stage `name`; ConfigError naming the choices otherwise."""
-    if name not in _STAGES:
-        raise ConfigError(f"unknown stage '{name}'; choose one of {', '.join(_STAGES)}")
-    return _STAGES[name]
+    return _STAGES.get(name)
 
 
 def list_stages() -> list[str]:
     """Stage names, in the order they were registered (the built-in ones first)."""
-    return list(_STAGES)
+    return _STAGES.names()

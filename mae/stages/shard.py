@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mae.config import ShardConfig
-from mae.data.open import open_source
+from mae.data.open import open_source, recordable, recorded_path
 from mae.data.shard_writer import write_shards
 from mae.stages.registry import StageResult, register_stage
 
@@ -25,8 +25,8 @@ def run_shard(cfg: ShardConfig) -> StageResult:
     )
     classes = getattr(source, "classes", None)
     what = f"{len(source)} images" + (f" in {len(classes)} classes" if classes is not None else "")
-    print(f"mae shard: {what} from {cfg.source} -> {cfg.output}", flush=True)
-    options = {k: v for k, v in asdict(cfg).items() if k != "output"}
+    print(f"mae shard: {what} from {recorded_path(cfg.source)} -> {cfg.output}", flush=True)
+    options = {k: v for k, v in asdict(recordable(cfg)).items() if k != "output"}
     index = write_shards(
         source,
         cfg.output,

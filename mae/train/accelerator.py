@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 
 
@@ -96,8 +97,13 @@ def open_accelerator(cfg: Any) -> Accelerator:
     """The Accelerator for a stage, seeded; `cfg` has `loop`, `output_dir` and `seed`. A stage that trains nothing
     has no `loop.accum_steps` or `loop.log_with` (it takes one step per batch and logs to no tracker)."""
     loop = cfg.loop
+    precision = resolve_precision(loop.mixed_precision)
+    if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
+        # Accelerate fixes the precision once per process (a second Accelerator with another raises) and has no
+        # public way to release it; a stage run after another in one process (the Python API) needs its own.
+        AcceleratorState._reset_state()
     accelerator = Accelerator(
-        mixed_precision=resolve_precision(loop.mixed_precision),
+        mixed_precision=precision,
         gradient_accumulation_steps=getattr(loop, "accum_steps", 1),
         log_with=resolve_tracker(getattr(loop, "log_with", "none")),
         project_dir=str(cfg.output_dir),

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -258,7 +259,7 @@ def test_the_registry_hands_out_the_registered_functions_and_names_the_choices()
 
 
 def test_a_mask_registered_by_a_plugin_is_handed_out_by_its_name(monkeypatch):
-    monkeypatch.setattr(masking, "_MASKS", dict(masking._MASKS))  # the registry as it was, after the test
+    monkeypatch.setattr(masking, "_MASKS", copy.deepcopy(masking._MASKS))  # the registry as it was, after the test
 
     @masking.register_mask("first_row")
     def first_row(grid, num_keep, generator):

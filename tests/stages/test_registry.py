@@ -1,5 +1,6 @@
 """A stage registered from outside the package is a command (`mae <name>`, listed by `mae --help`) and a function
-(`mae.api.run`), validated the same way; a plugin module named in MAE_PLUGINS registers it for the command line."""
+(`mae.<name>`, `mae.api.run`), validated the same way; a plugin module named in MAE_PLUGINS registers it for the
+command line and the Python API."""
 
 import json
 import os
@@ -59,13 +60,23 @@ def test_a_stage_registered_outside_the_package_is_listed_helped_and_run(count_s
         mae.api.run("count", upto=0)
 
 
+def test_a_stage_registered_outside_the_package_is_a_function_of_the_package(count_stage, tmp_path):
+    from mae import count
+
+    result = count(upto=4, output_dir=tmp_path / "api")
+    assert result.metrics == {"total": 10} and mae.count is count and "count" in dir(mae)
+    assert "Count to a number (a toy stage)." in count.__doc__
+    with pytest.raises(mae.ConfigError, match=r"^--upto 0: must be >= 1$"):
+        mae.count(upto=0)
+
+
 def test_the_default_output_folder_is_named_after_the_stage(count_stage, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert mae.api.run("count").output_dir == Path("outputs/count")
     assert get_stage("count").finalize(CountConfig()).output_dir == "outputs/count"
 
 
-def test_a_plugin_module_named_in_mae_plugins_adds_its_stage_to_the_command_line(tmp_path):
+def test_a_plugin_module_named_in_mae_plugins_adds_its_stage_to_the_command_line_and_the_package(tmp_path):
     (tmp_path / "toy_plugin.py").write_text(
         "from tests.stages.test_registry import CountConfig, run_count\n"
         "from mae.stages import register_stage\n"
@@ -77,6 +88,9 @@ def test_a_plugin_module_named_in_mae_plugins_adds_its_stage_to_the_command_line
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "counted to 2" in proc.stdout and json.loads((out / "numbers.json").read_text()) == [1, 2]
+    code = f"import mae; print(mae.count(upto=3, output_dir={str(tmp_path / 'api')!r}).metrics)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "{'total': 6}" in proc.stdout, proc.stderr[-2000:]
     bad = subprocess.run([sys.executable, "-m", "mae", "--help"], env={**env, "MAE_PLUGINS": "no_such_plugin"},
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 2
