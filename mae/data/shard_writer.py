@@ -70,6 +70,30 @@ def _shrink(data: bytes, ext: str, max_size: int, name: str) -> tuple[bytes, str
         return buf.getvalue(), "png"
 
 
+def _write_shard(source, out: Path, name: str, chunk: np.ndarray, labels, max_size: int | None, bar) -> dict:
+    """One tar of the samples `chunk`, written as NAME.partial and renamed when complete; its index entry."""
+    import webdataset as wds
+
+    part = out / (name + ".partial")
+    with open(part, "wb") as f:
+        writer = wds.TarWriter(f)
+        for i in chunk:
+            data, ext = _raw_image(source, int(i))
+            if max_size:
+                data, ext = _shrink(data, ext, max_size, source.name(int(i)))
+            sample = {"__key__": f"{int(i):09d}", ext: data}
+            if labels is not None:
+                sample["cls"] = str(int(labels[i])).encode()
+            writer.write(sample)
+            bar.update(1)
+        writer.close()
+    os.replace(part, out / name)
+    entry = {"url": name, "nsamples": len(chunk), "filesize": (out / name).stat().st_size}
+    if labels is not None:
+        entry["labels"] = [int(labels[i]) for i in chunk]
+    return entry
+
+
 def write_shards(
     source,
     output: str | Path,
@@ -87,7 +111,6 @@ def write_shards(
     are the samples' positions in the source. Each shard is written under a temporary name and renamed
     when complete, and the index is written last: an interrupted run leaves no shard set that looks
     complete (running again starts over). The source's files are only read."""
-    import webdataset as wds
     from tqdm.auto import tqdm
 
     out = Path(output)
@@ -100,30 +123,19 @@ def write_shards(
     order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
     labels = getattr(source, "labels", None)
     width = max(6, len(str((n - 1) // samples_per_shard)))
-    shards, total_bytes = [], 0
     bar = tqdm(total=n, disable=not progress, desc="shard", unit="img")
-    for first in range(0, n, samples_per_shard):
-        name = f"shard-{first // samples_per_shard:0{width}d}.tar"
-        part = out / (name + ".partial")
-        chunk = order[first : first + samples_per_shard]
-        with open(part, "wb") as f:
-            writer = wds.TarWriter(f)
-            for i in chunk:
-                data, ext = _raw_image(source, int(i))
-                if max_size:
-                    data, ext = _shrink(data, ext, max_size, source.name(int(i)))
-                sample = {"__key__": f"{int(i):09d}", ext: data}
-                if labels is not None:
-                    sample["cls"] = str(int(labels[i])).encode()
-                writer.write(sample)
-                bar.update(1)
-            writer.close()
-        os.replace(part, out / name)
-        entry = {"url": name, "nsamples": len(chunk), "filesize": (out / name).stat().st_size}
-        if labels is not None:
-            entry["labels"] = [int(labels[i]) for i in chunk]
-        shards.append(entry)
-        total_bytes += entry["filesize"]
+    shards = [
+        _write_shard(
+            source,
+            out,
+            f"shard-{first // samples_per_shard:0{width}d}.tar",
+            order[first : first + samples_per_shard],
+            labels,
+            max_size,
+            bar,
+        )  # fmt: skip
+        for first in range(0, n, samples_per_shard)
+    ]
     bar.close()
     index = {
         "wids_version": 1,

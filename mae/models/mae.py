@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import NamedTuple
 
 import torch
@@ -21,6 +22,29 @@ class MAEOutput(NamedTuple):
     pred: torch.Tensor
     mask: torch.Tensor
     ids_restore: torch.Tensor
+
+
+_RECORDED = frozenset(f.name for f in fields(ModelSpec))
+
+
+def _create_encoder(
+    arch: str,
+    img_size: tuple[int, int],
+    patch_size: int | None,
+    in_chans: int,
+    embed_dim: int | None,
+    depth: int | None,
+    num_heads: int | None,
+    mlp_ratio: float | None,
+    decoder_embed_dim: int,
+) -> nn.Module:
+    """The MAE's timm encoder, its sizes checked (the widths must suit the 2-D sine-cosine tables)."""
+    sizes = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio}
+    for name, w in (("embed_dim", embed_dim or 4), ("decoder_embed_dim", decoder_embed_dim)):
+        if w % 4:
+            raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {w}")
+    overrides = {k: v for k, v in sizes.items() if v is not None}
+    return create_encoder(arch, img_size=img_size, patch_size=patch_size, in_chans=in_chans, **overrides)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -55,27 +79,18 @@ class MaskedAutoencoder(nn.Module):
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
     ) -> None:
-        """`encoder_arch` is a timm architecture; `patch_size`, `embed_dim`, `depth`, `num_heads` and
-        `mlp_ratio` change its values (None keeps them). `decoder` names a registered decoder (`list_decoders()`:
-        the paper's "mae", CrossMAE's "cross", which predicts `predict_ratio` of the masked patches, or yours).
-        `mean` / `std`: the per-channel normalisation of the inputs it is trained on (recorded in `spec`, not used
-        by the forward pass, which takes normalised images)."""
+        """`encoder_arch` is a timm architecture; `patch_size`, `embed_dim`, `depth`, `num_heads` and `mlp_ratio` change
+        its values (None keeps them). `decoder` names a registered decoder (`list_decoders()`: the paper's "mae",
+        CrossMAE's "cross", which predicts `predict_ratio` of the masked patches, or yours). `mean` / `std`: the
+        normalisation of its inputs, recorded in `spec` (the forward pass takes normalised images)."""
+        given = {k: v for k, v in locals().items() if k in _RECORDED}  # every argument is in the record
         decoder_cls = decoder_class(decoder)
         super().__init__()
         img_size = _pair(img_size)
         if not 0.0 <= mask_ratio < 1.0:
             raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
-        overrides = {
-            k: v
-            for k, v in (("embed_dim", embed_dim), ("depth", depth), ("num_heads", num_heads), ("mlp_ratio", mlp_ratio))
-            if v is not None
-        }
-        for name, w in (("embed_dim", embed_dim or 4), ("decoder_embed_dim", decoder_embed_dim)):
-            if w % 4:
-                raise ValueError(f"{name} must be divisible by 4 for the 2-D sine-cosine table, got {w}")
-        self.encoder = create_encoder(
-            encoder_arch, img_size=img_size, patch_size=patch_size, in_chans=in_chans, **overrides
-        )
+        self.encoder = _create_encoder(encoder_arch, img_size, patch_size, in_chans, embed_dim, depth, num_heads,
+                                       mlp_ratio, decoder_embed_dim)  # fmt: skip
         self.img_size = img_size
         adapter = self.adapter
         self.patch_size = adapter.patch_size[0]  # the architecture's, unless overridden
@@ -91,26 +106,17 @@ class MaskedAutoencoder(nn.Module):
             )
         self.decoder_name = decoder
         self.decoder = decoder_cls(
-            grid_size=self.grid_size,
-            patch_size=self.patch_size,
-            in_chans=in_chans,
-            embed_dim=adapter.embed_dim,
-            num_prefix_tokens=adapter.num_prefix_tokens,
-            decoder_embed_dim=decoder_embed_dim,
-            decoder_depth=decoder_depth,
-            decoder_num_heads=decoder_num_heads,
-            mlp_ratio=decoder_mlp_ratio,
+            grid_size=self.grid_size, patch_size=self.patch_size, in_chans=in_chans, embed_dim=adapter.embed_dim,
+            num_prefix_tokens=adapter.num_prefix_tokens, decoder_embed_dim=decoder_embed_dim,
+            decoder_depth=decoder_depth, decoder_num_heads=decoder_num_heads, mlp_ratio=decoder_mlp_ratio,
             predict_ratio=predict_ratio,
-        )
-        init_mae_weights(self)
-        _, args = adapter.timm_architecture()
-        self._spec = ModelSpec(
-            encoder_arch=encoder_arch, img_size=img_size, patch_size=self.patch_size, in_chans=in_chans,
-            embed_dim=adapter.embed_dim, depth=adapter.depth, num_heads=adapter.num_heads,
-            mlp_ratio=args.get("mlp_ratio", mlp_ratio), decoder=decoder, decoder_embed_dim=decoder_embed_dim,
-            decoder_depth=decoder_depth, decoder_num_heads=decoder_num_heads, decoder_mlp_ratio=decoder_mlp_ratio,
-            predict_ratio=predict_ratio, mask_ratio=mask_ratio, norm_pix_loss=norm_pix_loss, mean=mean, std=std,
         )  # fmt: skip
+        init_mae_weights(self)
+        _, args = adapter.timm_architecture()  # the architecture's own values, where an argument left them
+        resolved = {"img_size": img_size, "patch_size": self.patch_size, "embed_dim": adapter.embed_dim,
+                    "depth": adapter.depth, "num_heads": adapter.num_heads,
+                    "mlp_ratio": args.get("mlp_ratio", mlp_ratio)}  # fmt: skip
+        self._spec = ModelSpec(**{**given, **resolved})
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> MaskedAutoencoder:

@@ -2,9 +2,10 @@
 
 | format | recognised by | notes |
 |---|---|---|
-| this project's output folder / checkpoint | `config.yaml` beside `model.safetensors` | exact |
-| this project's `mae convert` file | safetensors with `mae_model_args` metadata | exact |
-| this project's encoder export | safetensors with timm keys + metadata | decoder from its sibling, else fresh |
+| this project's output folder / checkpoint | `config.yaml` (its model record) beside `model.safetensors` | exact |
+| this project's `mae convert` file | safetensors with the model record (`mae_spec`) | exact |
+| this project's encoder export | safetensors with timm keys + the model record | decoder from its sibling, else fresh |
+| the same, from older versions | `mae_model_args` / encoder metadata, config.yaml's model section | inferred |
 | official facebookresearch/mae `.pth` | `{"model": ...}`, `blocks.N.attn.qkv`, `decoder_*` | renamed |
 | timm MAE encoders (`vit_*_224.mae`) | timm keys, no decoder | decoder fresh |
 | transformers ViTMAE | `vit.embeddings.*` keys (+ `config.json`) | q/k/v fused into qkv |
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +30,7 @@ import torch
 from mae.errors import CheckpointError
 from mae.models.encoder import EncoderSpec
 from mae.models.mae import MaskedAutoencoder
-from mae.models.registry import create_mae, preset_config, preset_matching
+from mae.models.registry import create_mae
 from mae.models.spec import ModelSpec
 from mae.run_folder import (
     CONFIG,
@@ -44,6 +44,14 @@ from mae.run_folder import (
 from mae.weights.files import cpu_tensors, read_metadata
 from mae.weights.formats import hf_vitmae_to_mae, mae_to_hf_vitmae, official_to_mae
 from mae.weights.record import file_spec, read_spec
+from mae.weights.unrecorded import (
+    count_blocks,
+    hf_hints,
+    infer_model_kwargs,
+    legacy_encoder_spec,
+    legacy_hints,
+    legacy_run_hints,
+)
 
 __all__ = ["hf_vitmae_to_mae", "load_noting_decoder", "load_pretrained", "locate_weights", "mae_to_hf_vitmae",
            "read_encoder"]  # fmt: skip
@@ -52,6 +60,7 @@ __all__ = ["hf_vitmae_to_mae", "load_noting_decoder", "load_pretrained", "locate
 class EncoderOnlyWarning(UserWarning):
     """`load_pretrained` of a file without decoder weights: the model's decoder is freshly initialised. A category
     of its own, so a reader that needs a trained decoder (reconstructions, `mae convert`) asks for it by class."""
+
 
 # --- reading files --------------------------------------------------------------------------------
 
@@ -112,79 +121,6 @@ def _drop_head(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Te
     return out
 
 
-def _count(state: dict[str, torch.Tensor], prefix: str) -> int:
-    idx = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
-    return max(idx) + 1 if idx else 0
-
-
-def infer_model_kwargs(state: dict[str, torch.Tensor], hints: dict[str, Any], path: Path) -> dict[str, Any]:
-    """`MaskedAutoencoder` arguments from tensor shapes; `hints` (metadata, overrides) win."""
-    proj = state["encoder.patch_embed.proj.weight"]  # [D, C, p, p]
-    embed_dim, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[-1]
-    kw: dict[str, Any] = {
-        "embed_dim": embed_dim,
-        "in_chans": in_chans,
-        "patch_size": patch,
-        "depth": _count(state, "encoder.blocks."),
-        "mlp_ratio": state["encoder.blocks.0.mlp.fc1.weight"].shape[0] / embed_dim,
-    }
-    length = state["encoder.pos_embed"].shape[1] - 1
-    side = round(length**0.5)
-    if "img_size" not in hints and side * side != length:
-        raise CheckpointError(f"{path}: {length} patches are not a square grid; pass img_size=(H, W)")
-    kw["img_size"] = side * patch
-    preset = preset_matching(embed_dim=embed_dim) or {}
-    kw["num_heads"] = preset.get("num_heads")
-    kw["encoder_arch"] = preset.get("encoder_arch", "vit_base_patch16_224")
-    if "decoder.embed.weight" in state:
-        dec = state["decoder.embed.weight"].shape[0]
-        kw.update(decoder_embed_dim=dec, decoder_depth=_count(state, "decoder.blocks."), decoder_num_heads=dec // 32)
-        if "decoder.blocks.0.mlp.fc1.weight" in state:
-            kw["decoder_mlp_ratio"] = state["decoder.blocks.0.mlp.fc1.weight"].shape[0] / dec
-    kw.update({k: v for k, v in hints.items() if v is not None})
-    if kw["num_heads"] is None:
-        raise CheckpointError(f"{path}: cannot tell the head count of a {embed_dim}-wide ViT; pass num_heads=")
-    if isinstance(kw["img_size"], list):
-        kw["img_size"] = tuple(kw["img_size"])
-    return kw
-
-
-def _hf_hints(config_file: Path) -> dict[str, Any]:
-    """What a transformers ViTMAE config.json tells that the tensors do not."""
-    c = json.loads(config_file.read_text())
-    return {
-        "num_heads": c.get("num_attention_heads"),
-        "decoder_num_heads": c.get("decoder_num_attention_heads"),
-        "img_size": c.get("image_size"),
-        "norm_pix_loss": c.get("norm_pix_loss"),
-        "mask_ratio": c.get("mask_ratio"),
-    }
-
-
-def _legacy_hints(meta: dict[str, str]) -> dict[str, Any]:
-    """What files written before the model record say in their metadata (`mae_model_args`, or an encoder export's
-    `num_heads`, `img_size`, `mean`, `std`)."""
-    hints: dict[str, Any] = json.loads(meta["mae_model_args"]) if "mae_model_args" in meta else {}
-    for key in ("num_heads", "img_size", "mean", "std"):
-        if key in meta and key not in hints:
-            hints[key] = json.loads(meta[key])
-    return hints
-
-
-def _legacy_run_hints(config_yaml: Path) -> dict[str, Any]:
-    """What the config.yaml of a run from before the model record says: its model and data sections."""
-    import yaml
-
-    config = yaml.safe_load(config_yaml.read_text())
-    m, data = config["model"], config.get("data") or {}
-    hints = {k: v for k, v in preset_config(m["name"]).items() if k == "encoder_arch" or k.endswith("num_heads")}
-    hints.update({k: m[k] for k in ("num_heads", "decoder_num_heads") if m.get(k) is not None})
-    hints.update(img_size=m["img_size"], mask_ratio=m["mask_ratio"], norm_pix_loss=m["norm_pix_loss"])
-    hints.update({k: m[k] for k in ("decoder", "predict_ratio") if k in m})
-    hints.update({k: data[k] for k in ("mean", "std") if isinstance(data.get(k), list)})
-    return hints
-
-
 def _find_weights(folder: Path) -> Path:
     for name in (HF_WEIGHTS, ENCODER, "pytorch_model.bin"):
         if (folder / name).is_file():
@@ -208,12 +144,12 @@ def locate_weights(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         if spec is not None:
             beside["spec"] = spec
         elif is_checkpoint(p):
-            beside.update(_legacy_run_hints(p / CONFIG))
+            beside.update(legacy_run_hints(p / CONFIG))
         elif (p / HF_CONFIG).exists():
-            beside.update(_hf_hints(p / HF_CONFIG))
+            beside.update(hf_hints(p / HF_CONFIG))
         p = _find_weights(p)
     elif p.name == HF_WEIGHTS and (p.parent / HF_CONFIG).exists() and read_spec(p.parent) is None:
-        beside.update(_hf_hints(p.parent / HF_CONFIG))
+        beside.update(hf_hints(p.parent / HF_CONFIG))
     return p, beside
 
 
@@ -238,7 +174,7 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
             spec = replace(decoder_spec, mean=spec.mean, std=spec.std)
         kwargs = {**spec.model_args(), **{k: v for k, v in overrides.items() if v is not None}}
     else:
-        hints = {**beside, **_legacy_hints(meta), **_decoder_hints(p, decoder), **overrides}
+        hints = {**beside, **legacy_hints(meta), **_decoder_hints(p, decoder), **overrides}
         kwargs = infer_model_kwargs(state, hints, p)
     return _build(kwargs, state, fmt, p)
 
@@ -246,7 +182,7 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
 def _check_fixed(state: dict[str, torch.Tensor], overrides: dict[str, Any], p: Path) -> None:
     """The options that the weights' own shapes fix must agree with them."""
     proj = state["encoder.patch_embed.proj.weight"]  # [D, C, p, p]: what the tensors themselves fix
-    stored = {"patch_size": proj.shape[-1], "embed_dim": proj.shape[0], "depth": _count(state, "encoder.blocks.")}
+    stored = {"patch_size": proj.shape[-1], "embed_dim": proj.shape[0], "depth": count_blocks(state, "encoder.blocks.")}
     for name in ("patch_size", "embed_dim", "depth"):
         if overrides.get(name) is not None and overrides[name] != stored[name]:
             raise CheckpointError(
@@ -314,7 +250,7 @@ def _decoder_beside(path: Path, state: dict[str, torch.Tensor]) -> tuple[dict[st
 
 def _decoder_hints(path: Path, decoder: dict[str, torch.Tensor]) -> dict[str, Any]:
     """An older decoder file's `mae_model_args` (its record, before the record existed)."""
-    return _legacy_hints(read_metadata(decoder_beside(path))) if decoder else {}
+    return legacy_hints(read_metadata(decoder_beside(path))) if decoder else {}
 
 
 def _adapt_channels(
@@ -372,7 +308,7 @@ def read_encoder(path: str, img_size: int | tuple[int, int] | None = None, seed:
         from safetensors.torch import load_file
 
         args = json.loads(meta["model_args"])
-        record = file_spec(meta, p) or _legacy_encoder_spec(meta["architecture"], args, _legacy_hints(meta))
+        record = file_spec(meta, p) or legacy_encoder_spec(meta["architecture"], args, legacy_hints(meta))
         return _encoder_spec(meta["architecture"], args, load_file(str(p)), record)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*encoder only.*")  # the decoder is not used here
@@ -391,13 +327,3 @@ def _encoder_spec(arch: str, args: dict[str, Any], state: dict[str, torch.Tensor
     stats = record.input_stats()
     mean, std = stats if stats is not None else (None, None)
     return EncoderSpec(arch=arch, args=args, state=state, mean=mean, std=std, record=record)
-
-
-def _legacy_encoder_spec(arch: str, args: dict[str, Any], hints: dict[str, Any]) -> ModelSpec:
-    """The record of an encoder export written before the record existed, from timm's model args."""
-    patch = args.get("patch_size", 16)
-    return ModelSpec(
-        encoder_arch=arch, img_size=args["img_size"], patch_size=patch if isinstance(patch, int) else patch[0],
-        in_chans=args.get("in_chans", 3), embed_dim=args["embed_dim"], depth=args["depth"],
-        num_heads=args["num_heads"], mlp_ratio=args.get("mlp_ratio"), mean=hints.get("mean"), std=hints.get("std"),
-    )  # fmt: skip

@@ -465,7 +465,7 @@ SYNCS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
 def test_no_host_sync_between_log_lines(tmp_path, monkeypatch):
     """Steps between two log lines never wait on the device: no .item(), bool(tensor), .cpu() ... in the
     training process (the data pipeline runs in worker processes)."""
-    from mae.train import loop
+    from mae.train import loop_state as loop
     from mae.train.metrics import MetricsWriter
 
     events: list[str] = []
@@ -474,8 +474,8 @@ def test_no_host_sync_between_log_lines(tmp_path, monkeypatch):
         monkeypatch.setattr(
             torch.Tensor, name, lambda self, *a, _r=real, _n=name, **k: events.append(_n) or _r(self, *a, **k)
         )
-    real_collect, real_write = loop._Skips.collect, MetricsWriter.write
-    monkeypatch.setattr(loop._Skips, "collect", lambda self, *a: events.append("<log") or real_collect(self, *a))
+    real_collect, real_write = loop.Skips.collect, MetricsWriter.write
+    monkeypatch.setattr(loop.Skips, "collect", lambda self, *a: events.append("<log") or real_collect(self, *a))
     monkeypatch.setattr(MetricsWriter, "write", lambda self, r: real_write(self, r) or events.append("log>"))
     make_images(tmp_path / "imgs", n=64)
     args = ["--data.path", tmp_path / "imgs", "--loop.batch_size", 4, "--loop.epochs", 1, "--loop.log_every", 5,
