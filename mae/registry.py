@@ -1,4 +1,4 @@
-"""One small registry for every extension point (stages, data-source kinds, masks, decoders, encoder adapters,
+"""One small registry for every extension point (stages, data-source kinds, masks, decoders,
 presets): names to objects, with one way to register, look up, list and refuse.
 
     MASKS: Registry[MaskGenerator] = Registry("masking")

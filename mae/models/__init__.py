@@ -1,5 +1,5 @@
 from mae.models.decoder import check_decoder, list_decoders, register_decoder
-from mae.models.encoder import EncoderAdapter, EncoderSpec, encoder_adapter, register_encoder
+from mae.models.encoder import EncoderAdapter, EncoderSpec, encoder_adapter
 from mae.models.mae import MAEOutput, MaskedAutoencoder
 from mae.models.masking import Masking, random_masking
 from mae.models.patches import patchify, unpatchify
@@ -19,6 +19,5 @@ __all__ = [
     "patchify",
     "random_masking",
     "register_decoder",
-    "register_encoder",
     "unpatchify",
 ]

@@ -4,10 +4,13 @@ The MAE never touches a backbone's attributes. It asks an `EncoderAdapter` to em
 (with their positions, plus the backbone's prefix tokens), runs the adapter's blocks on the prefix
 tokens and the kept patches, and takes its norm. `TimmViT` implements that once for timm's
 `VisionTransformer`, whatever its prefix tokens (a class token, register tokens, both, or none).
-A new backbone family is one file: a subclass of `EncoderAdapter` plus `register_encoder(cls)`. The adapter
-also reports the backbone's facts (patch and grid size, prefix tokens, width, depth, heads, the timm
+The adapter also reports the backbone's facts (patch and grid size, prefix tokens, width, depth, heads, the timm
 architecture that rebuilds it), so export, import, the classifiers and the pictures ask it, never the module.
-`encoder_adapter(module)` works on any registered backbone, an MAE's encoder or a bare timm classifier.
+`encoder_adapter(module)` works on an MAE's encoder or a bare timm ViT classifier.
+
+The family is timm's ViT, on purpose and only: the downstream stages build timm ViT classifiers, the exports are
+timm ViT checkpoints, layer decay and partial fine-tuning follow timm's ViT. The interface keeps the MAE readable
+(embed, keep, blocks, norm), not a plug-in point: another backbone family would need all of those too.
 
 `EncoderSpec` is an encoder as the downstream stages receive it: weights, architecture, statistics.
 
@@ -31,7 +34,6 @@ from torch import nn
 
 from mae.models.pos_embed import sincos_2d
 from mae.models.spec import ModelSpec
-from mae.registry import Registry
 
 
 class EncoderAdapter(ABC):
@@ -119,23 +121,6 @@ class EncoderAdapter(ABC):
         """Make the patch positions the fixed 2-D sine-cosine table (the MAE's), frozen."""
 
 
-_ADAPTERS: Registry[type[EncoderAdapter]] = Registry("encoder adapter")
-
-
-def register_encoder(cls: type[EncoderAdapter]) -> type[EncoderAdapter]:
-    """Decorator: let the MAE drive modules of `cls.module_type` through `cls` (registered by its class name)."""
-    return _ADAPTERS.register(cls.__name__, cls)
-
-
-def encoder_adapter(module: nn.Module) -> EncoderAdapter:
-    """The adapter for a backbone module; TypeError when no registered adapter drives its class."""
-    for cls in reversed(_ADAPTERS.values()):  # the latest registration wins, so a subclass can be specialised
-        if isinstance(module, cls.module_type):
-            return cls(module)
-    raise TypeError(f"no encoder adapter drives a {type(module).__name__}; register one with register_encoder")
-
-
-@register_encoder
 class TimmViT(EncoderAdapter):
     """timm's `VisionTransformer`: class token or not, register tokens or not, position rows for the
     prefix tokens or not (`no_embed_class`), exactly as timm's own forward adds them."""
@@ -217,6 +202,17 @@ class TimmViT(EncoderAdapter):
 
     def set_position_table(self, grid_size: tuple[int, int]) -> None:
         set_sincos_pos_embed(self.module.pos_embed, grid_size)  # no prefix rows with no_embed_class
+
+
+def encoder_adapter(module: nn.Module) -> EncoderAdapter:
+    """The adapter for an encoder module: timm's `VisionTransformer` family is the one this toolkit drives (its
+    downstream stages, exports and classifiers are timm ViTs too); TypeError for any other module."""
+    if isinstance(module, TimmViT.module_type):
+        return TimmViT(module)
+    raise TypeError(
+        f"no encoder adapter drives a {type(module).__name__}: the encoder is a timm VisionTransformer (any timm ViT "
+        "architecture, with any prefix tokens)"
+    )
 
 
 def _ratio(hidden: int, dim: int) -> float:
