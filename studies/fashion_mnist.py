@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -263,9 +265,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--layers", action="store_true", help="linear read-outs of each block on fit/val (no test)")
     args = parser.parse_args(argv)
-    if not (Path(args.data) / "fit").exists():
-        parser.exit(2, f"--data {args.data}: no prepared splits; run python scripts/prepare_fashion_mnist.py "
-                    f"--output {args.data} first\n")  # fmt: skip
+    if not (Path(args.data) / "fit").exists():  # a fresh clone: the user tool prepares the data (Debian's files)
+        prepare = harness.RECIPES.parent / "scripts" / "prepare_fashion_mnist.py"
+        if subprocess.run([sys.executable, str(prepare), "--output", args.data]).returncode != 0:
+            parser.exit(2, f"--data {args.data}: no prepared splits, and {prepare.name} could not make them (above)\n")
     if args.select:
         return select(args)
     if args.layers:
