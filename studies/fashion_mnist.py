@@ -104,6 +104,7 @@ def loss_curve(run: Path, png: Path) -> None:
     d = ImageDraw.Draw(img)
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     lo, hi = min(ys), max(ys)
+    hi = hi if hi > lo else lo + 1  # a flat or one-point curve still draws
 
     def xy(s, v):
         return pad + (s - xs[0]) / max(1, xs[-1] - xs[0]) * (w - 2 * pad), h - pad - (v - lo) / (hi - lo) * (
@@ -128,7 +129,7 @@ def test_images(data: Path, folder: Path, n: int = 8) -> list[str]:
     paths = []
     for i in range(n):
         p = folder / f"test_{i}.png"
-        ds[i * 997]["image"].save(p)
+        ds[i * 997 % len(ds)]["image"].save(p)  # spread over the 10,000 test images
         paths.append(str(p))
     return paths
 
