@@ -197,21 +197,30 @@ def study(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "studies.anomaly", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def test_anomaly_study_completes_from_kept_scores(tmp_path):
-    """--keep: classes and seeds kept there are not run again (no data, no pretraining: the data folder here is
-    empty); a run over all 10 classes and both seeds writes the study's results.json beside them, a run over some
-    classes or one seed only into --output; once written, results.json alone keeps the runs; kept runs of
-    different lengths or recipes are refused."""
+def kept_study(tmp_path: Path) -> Path:
+    """A --keep folder holding every class and seed's scores (the MAE's Gaussian 0.94 + 0.002 x class)."""
     keep = tmp_path / "keep"
     keep.mkdir()
     for c in range(10):
         for seed in (0, 1):
             (keep / f"class{c}_seed{seed}.json").write_text(json.dumps(kept_run(0.94 + 0.002 * c, 30)))
+    return keep
 
-    def run(*classes: int, kept: bool = True, seeds: tuple = (0,)) -> subprocess.CompletedProcess:
-        args = ["--data", str(tmp_path / "no_data"), "--output", str(tmp_path / "out")]
-        args += ["--keep", str(keep)] if kept else []
-        return study(*args, "--seeds", *map(str, seeds), "--classes", *map(str, classes))
+
+def run_kept(tmp_path: Path, *classes: int, seeds: tuple = (0,)) -> subprocess.CompletedProcess:
+    """The study over `classes` and `seeds` with --keep TMP/keep, no data at all (the data folder is not there)."""
+    args = ["--data", str(tmp_path / "no_data"), "--output", str(tmp_path / "out"), "--keep", str(tmp_path / "keep")]
+    return study(*args, "--seeds", *map(str, seeds), "--classes", *map(str, classes))
+
+
+def test_anomaly_study_completes_from_kept_scores(tmp_path):
+    """--keep: classes and seeds kept there are not run again (no data, no pretraining); a run over all 10 classes
+    and both seeds writes the study's results.json beside them, a run over some classes or one seed only into
+    --output; once written, results.json alone keeps the runs; --table prints docs/anomaly.md's table of it."""
+    keep = kept_study(tmp_path)
+
+    def run(*classes: int, seeds: tuple = (0,)) -> subprocess.CompletedProcess:
+        return run_kept(tmp_path, *classes, seeds=seeds)
 
     newer = kept_run(0.94, 30)  # scored after a method was added: the summary keeps the methods every run has
     newer["test"]["mae gaussian masked features @ 0.001"] = 0.99  # (val and test: one dict)
@@ -250,6 +259,15 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     proc = run(*range(10), seeds=(0, 1))
     assert proc.returncode == 0, proc.stderr
     assert json.loads((keep / "results.json").read_text()) == report
+
+
+def test_anomaly_study_refuses_kept_runs_of_another_protocol(tmp_path):
+    """Kept runs of different lengths or recipes are never summarised together: one line naming the folder; a kept
+    file cut short, or an --override that is not a JSON object, is one line too."""
+    keep = kept_study(tmp_path)
+
+    def run(*classes: int) -> subprocess.CompletedProcess:
+        return run_kept(tmp_path, *classes)
 
     (keep / "class1_seed0.json").write_text(json.dumps(kept_run(0.96, 40)))  # the class's own file comes first
     proc = run(*range(10))
