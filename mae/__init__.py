@@ -1,6 +1,7 @@
 """Masked autoencoder pretraining for timm Vision Transformers.
 
-Models (`create_mae`, `list_presets`), weights in and out (`load_pretrained`, `export_encoder`, `load_encoder`),
+Models (`create_mae`, `list_presets`) and their record (`ModelSpec`, `read_spec`), weights in and out
+(`load_pretrained`, `export_encoder`, `load_encoder`),
 and one function per registered stage, plugins included (`mae.pretrain(...)`, `mae.linprobe(...)`, ...: the command
 line's stages, validated as it validates them; `list_stages()` names them). Every error a user can cause is a
 `MaeError`.
@@ -9,11 +10,13 @@ line's stages, validated as it validates them; `list_stages()` names them). Ever
 from mae.api import registered_stage
 from mae.errors import CheckpointError, ConfigError, DataError, MaeError, TrainingError
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
+from mae.models.spec import ModelSpec
 from mae.stages import StageResult, list_stages, register_stage
 from mae.version import __version__
 from mae.weights.classifier import load_classifier
 from mae.weights.export import export_encoder, load_encoder
 from mae.weights.importers import load_pretrained
+from mae.weights.record import read_spec
 
 __all__ = [
     "CheckpointError",
@@ -22,6 +25,7 @@ __all__ = [
     "MAEOutput",
     "MaeError",
     "MaskedAutoencoder",
+    "ModelSpec",
     "StageResult",
     "TrainingError",
     "__version__",
@@ -32,6 +36,7 @@ __all__ = [
     "load_classifier",
     "load_encoder",
     "load_pretrained",
+    "read_spec",
     "register_stage",
     *list_stages(),  # the stages registered on import; a plugin's are reached by name (`__getattr__`)
 ]
