@@ -60,7 +60,8 @@ def data_fingerprint(source: Any) -> dict[str, Any]:
         fingerprint = getattr(getattr(node, "dataset", None), "_fingerprint", None)
         if fingerprint:
             h.update(str(fingerprint).encode())
-        node = getattr(node, "source", None) or getattr(node, "stream", None)
+        inner = getattr(node, "source", None)  # what a split wraps, or the stream a stream's first examples come from
+        node = inner if inner is not None else getattr(node, "stream", None)
     return {"samples": len(source), "classes": len(classes), "fingerprint": h.hexdigest()}
 
 
