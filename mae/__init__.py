@@ -7,7 +7,7 @@ line's stages, validated as it validates them; `list_stages()` names them). Ever
 `MaeError`.
 """
 
-from mae.api import registered_stage
+from mae.api import registered_stage as _registered_stage
 from mae.errors import CheckpointError, ConfigError, DataError, MaeError, TrainingError
 from mae.models import MAEOutput, MaskedAutoencoder, create_mae, list_presets
 from mae.models.spec import ModelSpec
@@ -44,7 +44,7 @@ __all__ = [
 
 def __getattr__(name: str):
     """`mae.pretrain`, `from mae import knn`, `mae.<plugin stage>`: the function of any registered stage."""
-    found = registered_stage(name)
+    found = _registered_stage(name)
     if found is None:
         raise AttributeError(f"module 'mae' has no attribute {name!r}")
     return found

@@ -146,6 +146,22 @@ def test_data_may_be_a_datasets_dataset_object(tmp_path):
         mae.pretrain(data={"path": saved}, output_dir=tmp_path / "x", loop=loop, **TINY)
 
 
+def test_labeled_datasets_objects_as_train_and_val_data_of_a_downstream_stage(tmp_path):
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["dark", "light"])})
+    images = [Image.new("RGB", (32, 32), (v, v, v)) for v in (10, 20, 30, 220, 230, 240)]
+    train = datasets.Dataset.from_dict({"image": images, "label": [0, 0, 0, 1, 1, 1]}, features=features)
+    val = datasets.Dataset.from_dict({"image": images[::3], "label": [0, 1]}, features=features)
+    knn = mae.knn(pretrained="random:mae_vit_micro_patch8", data={"path": train, "val_path": val, "num_workers": 0},
+                  model={"img_size": 32}, loop={"batch_size": 4}, output_dir=tmp_path / "knn")  # fmt: skip
+    assert knn.metrics["samples"] == 2  # the val dataset, not a tenth of the train one
+    saved = yaml.safe_load((tmp_path / "knn" / "config.yaml").read_text())["data"]
+    assert saved["path"].endswith("num_rows=6)") and saved["val_path"].endswith("num_rows=2)")
+    with pytest.raises(mae.ConfigError, match=r"^--images: a datasets.Dataset object goes where one data path goes"):
+        mae.predict(pretrained=tmp_path, images=[val])
+
+
 def test_two_stages_with_different_precisions_run_in_one_process(tmp_path):
     make_images(tmp_path / "imgs", n=8)
     for precision in ("no", "bf16", "no"):

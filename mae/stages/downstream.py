@@ -96,7 +96,7 @@ def labeled_splits(cfg: Any):
     columns = {"image_column": d.image_column, "label_column": d.label_column}
     train_src = open_source(d.path, labeled=True, streaming=d.streaming, **columns)
     if d.val_path:
-        streamed = d.streaming and d.val_path.startswith("hf:")  # a folder or shards beside a stream: map-style
+        streamed = d.streaming and str(d.val_path).startswith("hf:")  # a folder or shards beside a stream: map-style
         val_src = open_source(d.val_path, labeled=True, streaming=streamed, option="--data.val_path", **columns)
         if list(val_src.classes) != list(train_src.classes):
             raise ConfigError(

@@ -46,14 +46,14 @@ def build_parser(stage: str) -> ArgumentParser:
 def parse(stage: str, argv: list[str]) -> Any:
     """The command line's words (`--config RECIPE`, `--section.key VALUE`, ...) as the stage's frozen config, every
     range checked. `--print_config` prints the resolved config (the demo's, when it applies) and exits."""
-    parser = build_parser(stage)
+    s, parser = get_stage(stage), build_parser(stage)
     # jsonargparse prints the config and exits while parsing --print_config: decide "demo or not" without it, so
     # that what it prints is what the demo then runs.
     printing = [a for a in argv if a.startswith("--print_config")]
-    ns, demo = _validated(get_stage(stage), parser, lambda: parser.parse_args([a for a in argv if a not in printing]))
+    ns, demo = _validated(s, parser, lambda: parser.parse_args([a for a in argv if a not in printing]))
     if printing:
         ns = _checked(lambda: parser.parse_args(argv))
-    return _config(get_stage(stage), parser, ns, demo, {})
+    return _config(s, parser, ns, demo, {})
 
 
 def build(stage: str, config: str | os.PathLike | Any = None, overrides: dict[str, Any] | None = None) -> Any:
@@ -108,7 +108,9 @@ def _plain(value: Any, key: str, objects: dict[str, Any]) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v, f"{key}.{k}" if key else k, objects) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v, key, {}) for v in value]
+        if any(map(is_dataset_object, value)):
+            raise ConfigError(f"--{key}: a datasets.Dataset object goes where one data path goes, not in a list")
+        return [_plain(v, key, objects) for v in value]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if is_dataset_object(value):

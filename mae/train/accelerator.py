@@ -99,8 +99,7 @@ def open_accelerator(cfg: Any) -> Accelerator:
     loop = cfg.loop
     precision = resolve_precision(loop.mixed_precision)
     if AcceleratorState._shared_state.get("_mixed_precision", precision) != precision:
-        # Accelerate fixes the precision once per process (a second Accelerator with another raises) and has no
-        # public way to release it; a stage run after another in one process (the Python API) needs its own.
+        # Accelerate fixes the precision once per process, with no public reset; a later stage may need another.
         AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=precision,
