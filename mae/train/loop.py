@@ -8,9 +8,7 @@ the lr schedule, clipping, non-finite steps, logging, checkpoints, resume and gr
 from __future__ import annotations
 
 import math
-import os
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +22,7 @@ from mae.config import LoopConfig
 from mae.errors import TrainingError
 from mae.run_folder import checkpoint_dir
 from mae.train.checkpoint import save_checkpoint
-from mae.train.metrics import MetricsWriter, report_bad_files
+from mae.train.metrics import LoaderDoctor, LogWindow, MetricsWriter, report_bad_files, sum_over_processes
 from mae.train.optim import Schedule, apply_lr
 
 
@@ -115,12 +113,12 @@ class _Run:
             dynamic_ncols=True,
             desc="train",
         )
-        self.window = _Window(accelerator)
+        self.window = LogWindow(accelerator)
         self.skips = _Skips(accelerator, optimizer)
         # One process checks its own stop flag every step (no collective); several agree on it at log steps.
         self.stop_every = 1 if accelerator.num_processes == 1 else loop.log_every
         self.first_step: float | None = time.perf_counter()
-        self.doctor = _LoaderDoctor(accelerator, loader)
+        self.doctor = LoaderDoctor(accelerator, loader)
         self.last_readable: dict[str, Any] | None = None  # stands in for a batch of unreadable files
 
     def epoch(self, stop: _StopRequest) -> None:
@@ -138,7 +136,7 @@ class _Run:
                 self.optimizer_step(stop)
             waiting = time.perf_counter()
         # skipping files must not train on nothing (every process takes part in both sums)
-        if _total(acc, images_read) == 0 and _total(acc, batches_read) > 0:
+        if sum_over_processes(acc, images_read) == 0 and sum_over_processes(acc, batches_read) > 0:
             report_bad_files(acc, self.window.bad, state.bad_files)
             raise TrainingError(
                 f"no image of epoch {state.epoch + 1} could be read: every file was skipped as unreadable "
@@ -314,103 +312,3 @@ class _Skips:
         state.nonfinite_steps += int(skipped)
         self.skipped.zero_()
         return int(run)
-
-
-class _Window:
-    """Loss and throughput since the last log line, reduced over processes only when logged; non-finite
-    losses are left out of the mean, on the device."""
-
-    def __init__(self, accelerator: Accelerator) -> None:
-        self.accelerator = accelerator
-        self.loss_sum = torch.zeros((), device=accelerator.device)
-        self.count = torch.zeros((), device=accelerator.device)
-        self.images = 0
-        self.wait = 0.0  # seconds spent waiting for batches
-        self.bad: list[tuple[str, str]] = []  # (file, reason) met on this process since the last flush
-        self.start = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, images: int) -> None:
-        loss = loss.detach().float()
-        finite = torch.isfinite(loss)
-        self.loss_sum += torch.where(finite, loss, torch.zeros_like(loss))
-        self.count += finite.float()
-        self.images += images
-
-    def flush(self, state: LoopState, lr: float, steps_per_epoch: int) -> dict[str, Any]:
-        acc = self.accelerator
-        loss = acc.reduce(self.loss_sum / self.count, "mean").item()  # 0 / 0: NaN, logged as null
-        images = _total(acc, self.images)
-        report_bad_files(acc, self.bad, state.bad_files)
-        elapsed = time.perf_counter() - self.start
-        wait = self.wait / elapsed if elapsed > 0 else 0.0
-        if acc.num_processes > 1:  # the slowest loader sets the pace
-            wait = acc.reduce(torch.tensor(wait, device=acc.device), "max").item()
-        record = {
-            "step": state.step,
-            "epoch": round(state.epoch + state.batch_in_epoch / (steps_per_epoch * acc.gradient_accumulation_steps), 4),
-            "loss": loss,
-            "lr": lr,
-            "img_per_s": images / elapsed if elapsed > 0 else 0.0,
-            "nonfinite_steps": state.nonfinite_steps,
-            "skipped_files": len(state.bad_files),
-            "data_wait": round(wait, 4),
-        }
-        self.wait = 0.0
-        self.loss_sum.zero_()
-        self.count.zero_()
-        self.images = 0
-        self.bad = []
-        self.start = time.perf_counter()
-        return record
-
-
-class _LoaderDoctor:
-    """Warns once when the step waits for its batch more than `LIMIT` of the time (`data_wait` in the
-    metrics). Neither the first log window (workers starting) nor the run's first `SETTLE` seconds are
-    judged: a short run or a start-up hiccup is not a loader problem. Nor is the process's first epoch
-    while it is shorter than `FIRST_EPOCH` seconds: it fills the caches (images decoded once per process,
-    the page cache, downloaded shards) that later epochs read; a long first epoch is judged after that."""
-
-    LIMIT = 0.2
-    SETTLE = 60.0
-    FIRST_EPOCH = 300.0
-
-    def __init__(self, accelerator: Accelerator, loader: Any) -> None:
-        self.accelerator, self.loader = accelerator, loader
-        self.windows = 0
-        self.epochs = 0  # epochs this process has finished
-        self.warned = False
-        self.start = time.perf_counter()
-
-    def epoch_end(self) -> None:
-        self.epochs += 1
-
-    def check(self, data_wait: float) -> None:
-        self.windows += 1
-        elapsed = time.perf_counter() - self.start
-        settled = self.windows >= 2 and elapsed >= self.SETTLE and (self.epochs or elapsed >= self.FIRST_EPOCH)
-        if self.warned or not settled or data_wait <= self.LIMIT:
-            return
-        self.warned = True
-        workers = getattr(self.loader, "num_workers", 0)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        procs = self.accelerator.num_processes
-        hint = (
-            f"raise --data.num_workers (now {workers} per process, {procs} process(es) on {cores} cores)"
-            if workers * procs < (cores or 1)
-            else "every core already loads data"
-        )
-        if self.accelerator.is_main_process:
-            tqdm.write(
-                f"warning: data_wait {data_wait:.0%}: the training step waited for its batch {data_wait:.0%} of "
-                f"the time; {hint}; for large photos, pre-resize them once (mae shard SOURCE --output DIR "
-                "--max_size 768) and train from the shards",
-                file=sys.stderr,
-            )
-
-
-def _total(accelerator: Accelerator, value: int) -> int:
-    """Sum a per-process count over processes."""
-    if accelerator.num_processes == 1:
-        return int(value)
-    return int(accelerator.reduce(torch.tensor(value, device=accelerator.device), "sum").item())

@@ -26,9 +26,9 @@ def test_apply_lr_keeps_each_groups_scale():
 def test_the_loader_doctor_warns_once_when_the_step_waits_for_data(capsys):
     from types import SimpleNamespace
 
-    from mae.train.loop import _LoaderDoctor
+    from mae.train.metrics import LoaderDoctor
 
-    doctor = _LoaderDoctor(SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0))
+    doctor = LoaderDoctor(SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0))
     doctor.check(0.9)  # the first window holds the workers' start: not judged
     doctor.check(0.5)  # nor the first minute
     doctor.start -= doctor.SETTLE
@@ -42,7 +42,7 @@ def test_the_loader_doctor_warns_once_when_the_step_waits_for_data(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data_wait 35%" in err[0] and "--data.num_workers" in err[0] and "--max_size" in err[0]
 
-    long_first_epoch = _LoaderDoctor(
+    long_first_epoch = LoaderDoctor(
         SimpleNamespace(num_processes=1, is_main_process=True), SimpleNamespace(num_workers=0)
     )
     long_first_epoch.check(0.9)
