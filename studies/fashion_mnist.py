@@ -13,13 +13,13 @@ and OUT/pretrain_loss.png. From the repository root:
     python -m studies.fashion_mnist --out runs/fashion_mnist --seeds 0 1
     python -m studies.fashion_mnist --out runs/fashion_mnist_select --select   # how the recipe was chosen
     python -m studies.fashion_mnist --out runs/fashion_mnist_decoders --select --candidates decoders
-    python -m studies.fashion_mnist --out runs/fashion_mnist --layers          # after the study: read-outs
+    python -m studies.layers --out runs/fashion_mnist                          # after the study: read-outs
 
 `--select` compares pretraining variants on a short budget without the test split: each pretrains on fit (54,000
 train images) and is scored by the linear probe recipe on val (the 6,000 train images held out by
 prepare_fashion_mnist.py). Writes OUT/selection.md and OUT/selection.json.
 
-`--layers` asks, again on fit/val, whether a richer linear read-out (other blocks, the cls token, concatenations)
+`studies.layers` asks, again on fit/val, whether a richer linear read-out (other blocks, the cls token, concatenations)
 would serve the MAE encoder better than the probe's feature, and the random-init encoder alike (studies/layers.py).
 """
 
@@ -264,7 +264,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--candidates", choices=sorted(CANDIDATES), default="recipe", help="which variants --select runs"
     )
-    parser.add_argument("--layers", action="store_true", help="linear read-outs of each block on fit/val (no test)")
     args = parser.parse_args(argv)
     if not (Path(args.data) / "fit").exists():  # a fresh clone: the user tool prepares the data (Debian's files)
         prepare = harness.RECIPES.parent / "scripts" / "prepare_fashion_mnist.py"
@@ -272,10 +271,6 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(2, f"--data {args.data}: no prepared splits, and {prepare.name} could not make them (above)\n")
     if args.select:
         return select(args)
-    if args.layers:
-        from studies import layers
-
-        return layers.layers(Path(args.out), Path(args.data), args.seeds[0])
     machine = harness.machine()
     results = [run_seed(args, seed) for seed in args.seeds]
     harness.report(

@@ -1,5 +1,5 @@
-"""The Fashion-MNIST study's read-outs (`python -m studies.fashion_mnist --layers`): on fit/val, whether a richer
-linear read-out (other blocks, the cls token, concatenations) would serve the MAE encoder better than the probe's
+"""The Fashion-MNIST study's read-outs (`python -m studies.layers --out runs/fashion_mnist`): on fit/val, whether a
+richer linear read-out (other blocks, the cls token, concatenations) would serve the MAE encoder better than the probe's
 feature, and the random-init encoder alike. Writes OUT/layers.md and OUT/layers.json.
 """
 
@@ -81,3 +81,18 @@ def layers(out: Path, data: Path, seed: int) -> None:
           for r in rows],
     ]  # fmt: skip
     harness.report(out, "layers", "\n".join(lines), {"pixels": round(raw, 2), "rows": rows})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/fashion_mnist", help="the Fashion-MNIST study's output folder")
+    parser.add_argument("--data", default="data/fashion_mnist", help="the prepared splits (fit, val, train, test)")
+    parser.add_argument("--seed", type=int, default=0, help="whose encoders to read out")
+    args = parser.parse_args(argv)
+    layers(Path(args.out), Path(args.data), args.seed)
+
+
+if __name__ == "__main__":
+    main()
