@@ -11,6 +11,7 @@ from timm.optim import Lars
 
 from mae.config import LARS_MIN_BATCH, ConfigError, LinprobeConfig
 from mae.data.labeled import LabeledSamples
+from mae.data.open import recorded_path
 from mae.data.transforms import collate_labeled, crop_decode_side, decode_side, train_transform
 from mae.models.classifier import LinearProbe, build_classifier, fold_probe_head, probe_head
 from mae.models.encoder import encoder_adapter
@@ -112,7 +113,9 @@ class FeatureSamples(torch.utils.data.Dataset):
 
 def feature_cache(cfg: LinprobeConfig, setup: Downstream) -> FeatureCache:
     """--cache_dir, and whether the features there are this run's (decided by every process before any writes)."""
-    val = cfg.data.val_path or f"{cfg.data.path} (held out: val_fraction {cfg.data.val_fraction}, seed {cfg.seed})"
+    path = recorded_path(cfg.data.path)  # a datasets.Dataset object as its stand-in: the record is JSON
+    held_out = f"{path} (held out: val_fraction {cfg.data.val_fraction}, seed {cfg.seed})"
+    val = recorded_path(cfg.data.val_path) or held_out
     record = {
         "pretrained": cfg.pretrained,  # for readers: the encoder is known by its weights, wherever they were read
         "encoder": {
@@ -121,7 +124,7 @@ def feature_cache(cfg: LinprobeConfig, setup: Downstream) -> FeatureCache:
             "precision": setup.accelerator.mixed_precision,
         },
         "data": {
-            "train": {"path": cfg.data.path, **data_fingerprint(setup.train)},
+            "train": {"path": path, **data_fingerprint(setup.train)},
             "val": {"path": val, **data_fingerprint(setup.val)},
         },
         "transform": {
