@@ -158,8 +158,13 @@ def test_labeled_datasets_objects_as_train_and_val_data_of_a_downstream_stage(tm
     assert knn.metrics["samples"] == 2  # the val dataset, not a tenth of the train one
     saved = yaml.safe_load((tmp_path / "knn" / "config.yaml").read_text())["data"]
     assert saved["path"].endswith("num_rows=6)") and saved["val_path"].endswith("num_rows=2)")
-    cached = {"pretrained": "random:mae_vit_micro_patch8", "model": {"img_size": 32}, "cache_dir": tmp_path / "cache",
-              "data": {"path": train, "val_path": val, "num_workers": 0}, "loop": {"batch_size": 4, "epochs": 1}}
+    cached = {
+        "pretrained": "random:mae_vit_micro_patch8",
+        "model": {"img_size": 32},
+        "cache_dir": tmp_path / "cache",
+        "data": {"path": train, "val_path": val, "num_workers": 0},
+        "loop": {"batch_size": 4, "epochs": 1},
+    }
     probe = mae.linprobe(output_dir=tmp_path / "probe", **cached)  # the cache records the datasets by fingerprint
     record = json.loads((tmp_path / "cache" / "cache.json").read_text())
     assert record["data"]["train"]["path"] == saved["path"] and probe.metrics["samples"] == 2
