@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState
 
 import mae
 from mae.models.spec import SPEC_KEY, ModelSpec, spec_of, with_spec
@@ -19,13 +18,6 @@ from mae.weights.export import save_model
 from mae.weights.onnx import export_onnx
 from mae.weights.record import read_spec
 from tests.conftest import make_images, make_labeled
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
 
 
 def test_the_model_is_built_from_its_record_and_gives_it_back():
