@@ -298,8 +298,8 @@ def test_finetune_with_ema_exports_the_average(tmp_path, labeled, encoder):
 
 @pytest.mark.slow
 def test_compiled_finetune_and_knn_match_eager(tmp_path, labeled, encoder):
-    args = ["--pretrained", encoder, "--data.path", labeled, "--loop.log_every", 1]
-    ft = [*args, "--loop.epochs", 1, "--optim.warmup_epochs", 0.5]
+    args = ["--pretrained", encoder, "--data.path", labeled]
+    ft = [*args, "--loop.epochs", 1, "--loop.log_every", 1, "--optim.warmup_epochs", 0.5]
     assert run("finetune", *ft, "--output_dir", tmp_path / "ft") == 0
     assert run("finetune", *ft, "--loop.compile", "true", "--output_dir", tmp_path / "ft_compiled") == 0
     eager, compiled = (
