@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # a dev dependency (the parity reference): missing, the suite fails rather than skips
 from safetensors.torch import save_file
 
 import mae
@@ -116,9 +117,6 @@ def test_timm_mae_encoder_state_dict(tmp_path):
         model = mae.load_pretrained(tmp_path / "model.safetensors")
     assert model.encoder.embed_dim == 192 and model.encoder.blocks[0].attn.num_heads == 3
     assert torch.equal(model.encoder.blocks[0].mlp.fc1.weight, vit.blocks[0].mlp.fc1.weight)
-
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("as_file", [False, True])
