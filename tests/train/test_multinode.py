@@ -39,8 +39,9 @@ def accelerate_node(rank: int, port: int) -> list[str]:
 LAUNCHERS = {"torchrun": torchrun_node, "accelerate": accelerate_node}
 
 
-def run_together(cmds: list[list[str]], logs: Path, timeout: float, env: dict | None = None) -> list[dict]:
-    """Start every command at once, each in its own process group; wait for all of them, up to `timeout`. Returns
+def run_together(cmds: list[list[str]], logs: Path, timeout: float, envs: list[dict] | None = None) -> list[dict]:
+    """Start every command at once (with its own environment from `envs`, else ENV), each in its own process
+    group; wait for all of them, up to `timeout`. Returns
     each one's exit status, seconds until it ended and its output. Every process they started is killed at the
     end, whatever happened (a test must not leave a launcher behind)."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,8 @@ def run_together(cmds: list[list[str]], logs: Path, timeout: float, env: dict | 
     try:
         for i, cmd in enumerate(cmds):
             out, err = (open(logs / f"node{i}.{s}", "w") for s in ("out", "err"))  # noqa: SIM115 - closed below
-            procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=env or ENV, start_new_session=True),
+            procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=envs[i] if envs else ENV,
+                                           start_new_session=True),
                           out, err))  # fmt: skip
         ended: dict[int, float] = {}
         while len(ended) < len(procs) and time.monotonic() - began < timeout:
