@@ -19,7 +19,7 @@ port=${MAE_PORT:-$((29500 + ${SLURM_JOB_ID:-0} % 1000))}
 procs=${MAE_PROCS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 python=${MAE_PYTHON:-python}
 # On SIGTERM the launcher passes the signal on and waits this long for the processes to write their checkpoint
-# before it kills them (torch's default is 30 s; torch < 2.9 ignores the variable and keeps 30 s).
+# before it kills them (torch's default is 30 s; a torch whose launcher does not read the variable keeps that).
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-110}
 
 case $launcher in
