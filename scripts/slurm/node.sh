@@ -14,7 +14,13 @@ launcher=${1:?usage: node.sh torchrun|accelerate STAGE [options]}
 shift
 nnodes=${SLURM_NNODES:?not set: run this under sbatch/srun}
 node_rank=${SLURM_NODEID:?not set: run this under sbatch/srun}
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+# `scontrol show hostnames | head -n1` in one pipe would fail now and then under pipefail: head exits after one line
+# and scontrol, still writing, dies of SIGPIPE. So the whole list first, then its first line.
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST") || {
+    echo "node.sh: scontrol show hostnames '$SLURM_JOB_NODELIST' failed" >&2
+    exit 2
+}
+head=$(head -n1 <<<"$nodes")
 port=${MAE_PORT:-$((29500 + ${SLURM_JOB_ID:-0} % 1000))}
 procs=${MAE_PROCS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 python=${MAE_PYTHON:-python}

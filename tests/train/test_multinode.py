@@ -18,7 +18,7 @@ from tests.train.test_pretrain import FAST, free_port, metrics, run
 pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
-RUN_S = 240  # a whole tiny run of two nodes on two busy cores; a failure must end far sooner (FAIL_S)
+RUN_S = 120  # a whole tiny run of two nodes on two busy cores; a failure must end far sooner (FAIL_S)
 FAIL_S = 60
 
 
