@@ -15,6 +15,8 @@ and importers ask it for paths instead of spelling file names themselves.
       classes.json             linprobe / finetune: class names, index = label
       mae/                     TensorBoard event files (when tensorboard is installed; Accelerate's tracker)
       error.log                the traceback of a failed run (error-rankR.log for rank R > 0)
+      .shared-<token>          for a moment at the start of a run on several processes: the main process's marker,
+                               which every other process must see (the folder is on storage all nodes share)
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ MAPS = "maps"
 MOST_ANOMALOUS = "most_anomalous.png"
 ANOMALY_METRICS = "metrics.json"
 ROC = "roc.png"
+# A name of its own per run: a node that looked the name up before (and cached "no such file") cannot miss a new one.
+SHARED_MARKER = ".shared-{token}"
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -112,6 +116,11 @@ def last_evaluation(output_dir: str | os.PathLike) -> dict[str, Any]:
 def preview_path(epoch: int) -> str:
     """A preview's path relative to the run folder (as metrics.jsonl records it)."""
     return f"{PREVIEWS}/epoch_{epoch:04d}.png"
+
+
+def shared_marker(output_dir: str | os.PathLike, token: str) -> Path:
+    """The marker the main process writes at the start of a multi-process run and every other process reads."""
+    return Path(output_dir) / SHARED_MARKER.format(token=token)
 
 
 def error_log(output_dir: str | os.PathLike, rank: int) -> Path:

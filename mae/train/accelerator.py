@@ -1,5 +1,5 @@
-"""The Accelerator of a stage: precision (bf16 where it pays), trackers, CPU multi-process, seeding, and the
-views of the model that exports and previews need."""
+"""The Accelerator of a stage: precision (bf16 where it pays), trackers, CPU multi-process, seeding, a run folder
+every process sees, and the views of the model that exports and previews need."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import functools
 import importlib.util
 import math
 import os
+import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,14 @@ from typing import Any
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
+
+from mae.errors import ConfigError
+from mae.run_folder import shared_marker
+
+# How long a process looks for the main process's marker: a network file system shows a new file at once (NFS
+# re-reads on open, and the name is new), so the wait only covers storage that publishes files with a short delay.
+SHARED_WAIT_S = 5.0
 
 
 def cpu_has_bf16() -> bool:
@@ -108,8 +117,51 @@ def open_accelerator(cfg: Any) -> Accelerator:
         project_dir=str(cfg.output_dir),
         cpu=_multi_process_cpu(),
     )
+    check_shared_output_dir(accelerator, cfg.output_dir)
     set_seed(cfg.seed)
     return accelerator
+
+
+def check_shared_output_dir(accelerator: Accelerator, output_dir: str | os.PathLike) -> None:
+    """Every process sees the run folder the main process writes: the main process renames the checkpoint folders
+    all processes write into and alone writes metrics and exports, so a node with its own disk under --output_dir
+    would train to the end and leave its share of every checkpoint where no resume finds it.
+
+    The main process writes a marker with a fresh token and sends the token; every other process reads the marker;
+    all gather who saw it, so every process (on every node) stops with the same line and none is left waiting."""
+    if accelerator.num_processes == 1:
+        return
+    token = [secrets.token_hex(8) if accelerator.is_main_process else None]
+    if accelerator.is_main_process:
+        shared_marker(output_dir, token[0]).write_text(token[0])
+    broadcast_object_list(token)  # also the barrier: the marker is written before any process looks for it
+    seen = accelerator.is_main_process or _sees_marker(shared_marker(output_dir, token[0]), token[0])
+    everyone = gather_object([(accelerator.process_index, socket.gethostname(), str(output_dir), seen)])
+    if accelerator.is_main_process:
+        shared_marker(output_dir, token[0]).unlink(missing_ok=True)
+    blind = [(rank, host, folder) for rank, host, folder, ok in everyone if not ok]
+    if blind:
+        main_host, main_folder = everyone[0][1], everyone[0][2]
+        rank, host, folder = blind[0]
+        others = f" and {len(blind) - 1} other process(es)" if len(blind) > 1 else ""
+        raise ConfigError(
+            f"--output_dir {folder}: the process on host {host} (rank {rank}){others} cannot see the run folder the "
+            f"main process on host {main_host} writes ({main_folder}); --output_dir must be on storage all nodes "
+            "share (the same folder mounted on every node), not a node's own disk"
+        )
+
+
+def _sees_marker(path: Path, token: str) -> bool:
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while True:
+        try:
+            if path.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:

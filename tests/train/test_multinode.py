@@ -1,0 +1,119 @@
+"""Two nodes on one machine, started as a cluster starts them (one launcher per node, loopback rendezvous): they
+train as one process does, and a node whose --output_dir is not the main process's folder ends the run at once."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import make_images
+from tests.train.test_pretrain import FAST, free_port, metrics, run
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+RUN_S = 120  # a whole tiny run of two nodes on two busy cores; a failure must end far sooner (FAIL_S)
+FAIL_S = 60
+
+
+def torchrun_node(rank: int, port: int) -> list[str]:
+    """The node's launcher as on a cluster: c10d rendezvous at the head node (here 127.0.0.1)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+            "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "-m", "mae"]  # fmt: skip
+
+
+def accelerate_node(rank: int, port: int) -> list[str]:
+    """`--multi_gpu` on a machine without GPUs runs torchrun's launcher, and each process joins over gloo."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+            "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+            "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "mae"]  # fmt: skip
+
+
+LAUNCHERS = {"torchrun": torchrun_node, "accelerate": accelerate_node}
+
+
+def run_together(cmds: list[list[str]], logs: Path, timeout: float, envs: list[dict] | None = None) -> list[dict]:
+    """Start every command at once (with its own environment from `envs`, else ENV), each in its own process
+    group; wait for all of them, up to `timeout`. Returns
+    each one's exit status, seconds until it ended and its output. Every process they started is killed at the
+    end, whatever happened (a test must not leave a launcher behind)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    began, procs, results = time.monotonic(), [], []
+    try:
+        for i, cmd in enumerate(cmds):
+            out, err = (open(logs / f"node{i}.{s}", "w") for s in ("out", "err"))  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=envs[i] if envs else ENV,
+                                           start_new_session=True),
+                          out, err))  # fmt: skip
+        ended: dict[int, float] = {}
+        while len(ended) < len(procs) and time.monotonic() - began < timeout:
+            for i, (p, _, _) in enumerate(procs):
+                if i not in ended and p.poll() is not None:
+                    ended[i] = time.monotonic() - began
+            time.sleep(0.2)
+    finally:
+        for p, out, err in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+            out.close()
+            err.close()
+    for i, (p, _, _) in enumerate(procs):
+        text = {s: (logs / f"node{i}.{s}").read_text() for s in ("out", "err")}
+        results.append({"rc": p.returncode if i in ended else None, "s": ended.get(i), **text})
+    return results
+
+
+def pretrain_args(images: Path, out: Path) -> list[str]:
+    return ["pretrain", *FAST, "--data.path", str(images), "--loop.epochs", "2", "--loop.batch_size", "4",
+            "--output_dir", str(out)]  # fmt: skip
+
+
+def test_two_nodes_train_as_one_process(tmp_path):
+    """torchrun's and accelerate's two-node forms give the same run, bit for bit (same world size, same maths), and
+    the run one process gives with the same effective batch (within the 1-vs-2-process tolerance of
+    test_pretrain.py: DDP averages two half-batch gradients, one process one full-batch gradient)."""
+    make_images(tmp_path / "imgs", n=16)
+    for name, node in LAUNCHERS.items():
+        port = free_port()
+        cmds = [[*node(k, port), *pretrain_args(tmp_path / "imgs", tmp_path / name)] for k in (0, 1)]
+        nodes = run_together(cmds, tmp_path / f"logs-{name}", RUN_S)
+        for n in nodes:
+            assert n["rc"] == 0, f"{name}: {n['err'][-3000:]}"
+        assert "2 process(es)" in "".join(n["out"] + n["err"] for n in nodes)
+    assert run(*pretrain_args(tmp_path / "imgs", tmp_path / "one")[len(FAST) + 1 :], "--loop.batch_size", 8) == 0
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "torchrun")
+    assert [m["loss"] for m in two] == [m["loss"] for m in metrics(tmp_path / "accelerate")]
+    assert len(one) == len(two) == 4 and all(abs(x["loss"] - y["loss"]) < 1e-5 for x, y in zip(one, two, strict=True))
+    a, b, c = (load_file(tmp_path / n / "encoder.safetensors") for n in ("torchrun", "accelerate", "one"))
+    assert a.keys() == b.keys() == c.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for k in a:
+        # Adam turns float noise in near-zero gradients into updates of up to lr (1e-3) per step.
+        torch.testing.assert_close(a[k], c[k], rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_node_that_does_not_share_the_output_dir_ends_the_run(tmp_path, launcher):
+    """Two --output_dir on one machine stand in for each node's own disk: both nodes end, non-zero, within a minute,
+    each with the one line that names the folder and says it must be shared; no checkpoint is written."""
+    make_images(tmp_path / "imgs", n=16)
+    port = free_port()
+    node = LAUNCHERS[launcher]
+    cmds = [[*node(k, port), *pretrain_args(tmp_path / "imgs", tmp_path / f"disk{k}")] for k in (0, 1)]
+    nodes = run_together(cmds, tmp_path / "logs", FAIL_S + 30)
+    for k, n in enumerate(nodes):
+        assert n["rc"] not in (0, None) and n["s"] < FAIL_S, (k, n["rc"], n["s"], n["err"][-3000:])
+        lines = [line for line in n["err"].splitlines() if line.startswith("mae pretrain: error: --output_dir")]
+        assert len(lines) == 1 and "must be on storage all nodes share" in lines[0], n["err"][-3000:]
+        assert "cannot see the run folder the main process" in lines[0] and "on host" in lines[0]
+        assert not (tmp_path / f"disk{k}" / "checkpoints").exists()
+        assert not list((tmp_path / f"disk{k}").glob(".shared-*"))  # the main process's marker is removed
