@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from mae.config import ConfigError, to_dict
+from mae.config import ConfigError
 from mae.data.labeled import LabeledSamples, split
-from mae.data.open import open_source, recordable
+from mae.data.open import config_record, open_source
 from mae.data.transforms import collate_labeled, decode_side
 from mae.data.transforms import eval_transform as labeled_eval_transform
 from mae.models.encoder import EncoderSpec
@@ -145,7 +145,7 @@ def save_run_classifier(
             classes=setup.classes,
             mean=list(setup.mean),
             std=list(setup.std),
-            config=to_dict(recordable(cfg)),
+            config=config_record(cfg),
             crop_pct=cfg.data.crop_pct,
             state=state,
             record=setup.encoder.record,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from mae.config import KnnConfig, to_dict
-from mae.data.open import recordable
+from mae.config import KnnConfig
+from mae.data.open import config_record
 from mae.models.classifier import build_classifier
 from mae.run_folder import CONFIG, METRICS
 from mae.stages.downstream import labeled_eval_loader, open_downstream
@@ -42,7 +42,7 @@ def run_knn(cfg: KnnConfig) -> StageResult:
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / CONFIG).write_text(yaml.safe_dump(to_dict(recordable(cfg)), sort_keys=False))
+        (out / CONFIG).write_text(yaml.safe_dump(config_record(cfg), sort_keys=False))
         (out / METRICS).unlink(missing_ok=True)
     MetricsWriter(accelerator, out).write(result)
     top5 = f", top5 {result['top5']:.2f}%" if "top5" in result else ""

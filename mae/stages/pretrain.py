@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, ModelConfig, PretrainConfig, to_dict
-from mae.data.open import open_source, recordable, recorded_path
+from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, ModelConfig, PretrainConfig
+from mae.data.open import config_record, open_source, recorded_path
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.errors import CheckpointError
@@ -201,7 +201,7 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
     state = full_state_dict(accelerator, model)  # every process: sharded weights are gathered here
     path = output_dir / ENCODER
     if accelerator.is_main_process:
-        save_encoder(plain_model(accelerator, model), path, to_dict(recordable(cfg)), full_state=state)
+        save_encoder(plain_model(accelerator, model), path, config_record(cfg), full_state=state)
         if cfg.export_decoder:
             save_decoder(plain_model(accelerator, model), decoder_beside(path), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")

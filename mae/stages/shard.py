@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from mae.config import ShardConfig
-from mae.data.open import open_source, recordable, recorded_path
+from mae.data.open import config_record, open_source, recorded_path
 from mae.data.shard_writer import write_shards
 from mae.stages.registry import StageResult, register_stage
 
@@ -26,7 +25,7 @@ def run_shard(cfg: ShardConfig) -> StageResult:
     classes = getattr(source, "classes", None)
     what = f"{len(source)} images" + (f" in {len(classes)} classes" if classes is not None else "")
     print(f"mae shard: {what} from {recorded_path(cfg.source)} -> {cfg.output}", flush=True)
-    options = {k: v for k, v in asdict(recordable(cfg)).items() if k != "output"}
+    options = {k: v for k, v in config_record(cfg).items() if k != "output"}
     index = write_shards(
         source,
         cfg.output,

@@ -20,8 +20,8 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from mae.config import flatten, to_dict
-from mae.data.open import recordable
+from mae.config import flatten
+from mae.data.open import config_record
 from mae.errors import ConfigError
 from mae.models.spec import SPEC_KEY
 from mae.run_folder import (
@@ -143,7 +143,7 @@ def find_resume_checkpoint(cfg: Any) -> Path | None:
         return None
     ckpt = found[0]
     saved = flatten(yaml.safe_load((ckpt / CONFIG).read_text()))
-    current = flatten(to_dict(recordable(cfg)))
+    current = flatten(config_record(cfg))
     saved = {k: v for k, v in saved.items() if not k.startswith(f"{SPEC_KEY}.")}  # the model's record, not options
     ignore = {"loop.epochs", "resume", "output_dir"}
     changed = sorted(k for k in set(saved) | set(current) if k not in ignore and saved.get(k) != current.get(k))

@@ -13,8 +13,8 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from mae.config import flatten, to_dict
-from mae.data.open import recordable
+from mae.config import flatten
+from mae.data.open import config_record
 from mae.models.spec import ModelSpec, with_spec
 from mae.run_folder import CONFIG, METRICS
 from mae.train.accelerator import describe_precision, plain_model, warn
@@ -65,7 +65,7 @@ def train(
         warmup_steps=round(warmup_share * epochs * steps_per_epoch),
     )
     check_disk_space(Path(cfg.output_dir), plain_model(accelerator, model), opt, cfg.loop.keep_checkpoints)
-    config_yaml = yaml.safe_dump(with_spec(to_dict(recordable(cfg)), spec), sort_keys=False)
+    config_yaml = yaml.safe_dump(with_spec(config_record(cfg), spec), sort_keys=False)
     state = _start(cfg, accelerator, loader, config_yaml, resume_from)
     if resume_from is None:
         for record in preamble or []:
@@ -103,7 +103,7 @@ def _start(cfg: Any, accelerator: Accelerator, loader: Any, config_yaml: str, re
         (output_dir / METRICS).unlink()  # a fresh start: the old run's log would mislead
     MetricsWriter(accelerator, output_dir).truncate_after(state.step)
     if accelerator.log_with:
-        accelerator.init_trackers("mae", config=flatten(to_dict(recordable(cfg))))
+        accelerator.init_trackers("mae", config=flatten(config_record(cfg)))
     return state
 
 
