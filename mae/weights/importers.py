@@ -166,15 +166,15 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> MaskedAutoenco
     raw, meta = read_tensors(p)
     state, fmt = to_mae_keys(raw, p)
     spec = beside.pop("spec", None) or file_spec(meta, p)
-    decoder, decoder_spec = _decoder_beside(p, state)
-    state, spec = {**state, **decoder}, spec or decoder_spec
+    decoder, decoder_spec, decoder_hints = _decoder_beside(p, state)
+    state = {**state, **decoder}
+    if decoder_spec is not None:  # the decoder file's record describes its weights; the statistics are the encoder's
+        spec = decoder_spec if spec is None else replace(decoder_spec, mean=spec.mean, std=spec.std)
     _check_fixed(state, overrides, p)
-    if spec is not None:  # the record builds the model; only the decoder's may differ from the encoder file's
-        if decoder_spec is not None:
-            spec = replace(decoder_spec, mean=spec.mean, std=spec.std)
+    if spec is not None:  # the record builds the model
         kwargs = {**spec.model_args(), **{k: v for k, v in overrides.items() if v is not None}}
     else:
-        hints = {**beside, **legacy_hints(meta), **_decoder_hints(p, decoder), **overrides}
+        hints = {**beside, **legacy_hints(meta), **decoder_hints, **overrides}
         kwargs = infer_model_kwargs(state, hints, p)
     return _build(kwargs, state, fmt, p)
 
@@ -235,22 +235,19 @@ def load_noting_decoder(path: str | os.PathLike, **overrides: Any) -> tuple[Mask
     return model, not any(issubclass(w.category, EncoderOnlyWarning) for w in caught)
 
 
-def _decoder_beside(path: Path, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], ModelSpec | None]:
-    """(the decoder an encoder export carries in its sibling file (`save_decoder`), that file's model record);
-    ({}, None) when `path` holds a decoder itself or has no sibling."""
+def _decoder_beside(
+    path: Path, state: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], ModelSpec | None, dict[str, Any]]:
+    """(the decoder an encoder export carries in its sibling file (`save_decoder`), that file's model record, what an
+    older one's `mae_model_args` say instead); ({}, None, {}) when `path` holds a decoder itself or has no sibling."""
     sibling = decoder_beside(path)
     if any(k.startswith("decoder.") for k in state) or path.suffix != ".safetensors" or not sibling.is_file():
-        return {}, None
+        return {}, None, {}
     decoder, meta = read_tensors(sibling)
     spec = file_spec(meta, sibling)
     if not (spec or "mae_model_args" in meta) or not all(k.startswith("decoder.") for k in decoder):
         raise CheckpointError(f"{sibling}: not a decoder export of this toolkit (no model record in its metadata)")
-    return decoder, spec
-
-
-def _decoder_hints(path: Path, decoder: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """An older decoder file's `mae_model_args` (its record, before the record existed)."""
-    return legacy_hints(read_metadata(decoder_beside(path))) if decoder else {}
+    return decoder, spec, legacy_hints(meta)
 
 
 def _adapt_channels(
