@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import NamedTuple
 
 import torch
@@ -91,20 +91,17 @@ class MaskedAutoencoder(nn.Module):
             raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
         self.encoder = _create_encoder(encoder_arch, img_size, patch_size, in_chans, embed_dim, depth, num_heads,
                                        mlp_ratio, decoder_embed_dim)  # fmt: skip
-        self.img_size = img_size
         adapter = self.adapter
-        self.patch_size = adapter.patch_size[0]  # the architecture's, unless overridden
-        self.encoder_arch = encoder_arch  # what rebuilds the encoder in plain timm: `self.adapter.timm_architecture()`
-        self.in_chans = in_chans
-        self.mask_ratio = mask_ratio
-        self.norm_pix_loss = norm_pix_loss
-        self.grid_size = adapter.grid_size
-        if self.grid_size[0] * self.patch_size != img_size[0] or self.grid_size[1] * self.patch_size != img_size[1]:
+        _, args = adapter.timm_architecture()  # the architecture's own values, where an argument left them
+        resolved = {"img_size": img_size, "patch_size": adapter.patch_size[0], "embed_dim": adapter.embed_dim,
+                    "depth": adapter.depth, "num_heads": adapter.num_heads,
+                    "mlp_ratio": args.get("mlp_ratio", mlp_ratio)}  # fmt: skip
+        self._spec = ModelSpec(**{**given, **resolved})  # the one copy of these facts: the properties below read it
+        if img_size[0] % self.patch_size or img_size[1] % self.patch_size:
             raise ValueError(
                 f"img_size {img_size[0]}x{img_size[1]} is not divisible by patch_size {self.patch_size}; "
                 "choose an image size that is a multiple of the patch size"
             )
-        self.decoder_name = decoder
         self.decoder = decoder_cls(
             grid_size=self.grid_size, patch_size=self.patch_size, in_chans=in_chans, embed_dim=adapter.embed_dim,
             num_prefix_tokens=adapter.num_prefix_tokens, decoder_embed_dim=decoder_embed_dim,
@@ -112,11 +109,6 @@ class MaskedAutoencoder(nn.Module):
             predict_ratio=predict_ratio,
         )  # fmt: skip
         init_mae_weights(self)
-        _, args = adapter.timm_architecture()  # the architecture's own values, where an argument left them
-        resolved = {"img_size": img_size, "patch_size": self.patch_size, "embed_dim": adapter.embed_dim,
-                    "depth": adapter.depth, "num_heads": adapter.num_heads,
-                    "mlp_ratio": args.get("mlp_ratio", mlp_ratio)}  # fmt: skip
-        self._spec = ModelSpec(**{**given, **resolved})
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> MaskedAutoencoder:
@@ -131,6 +123,31 @@ class MaskedAutoencoder(nn.Module):
     def record_stats(self, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> None:
         """Record the normalisation of the data it trains on (None keeps what is recorded)."""
         self._spec = self._spec.with_stats(mean, std)
+
+    # The model's facts, read from its record (one copy): the input, the encoder architecture, the decoder's name.
+    img_size = property(lambda self: self._spec.img_size, doc="Input (height, width).")
+    patch_size = property(lambda self: self._spec.patch_size, doc="A patch's side in pixels.")
+    grid_size = property(lambda self: self._spec.grid_size, doc="Patches per (column, row).")
+    in_chans = property(lambda self: self._spec.in_chans, doc="Input channels.")
+    encoder_arch = property(lambda self: self._spec.encoder_arch, doc="The timm architecture of the encoder.")
+    decoder_name = property(lambda self: self._spec.decoder, doc="The registered decoder's name.")
+
+    # The pretext task's settings change no weight: they may be set on a built model, and the record follows.
+    @property
+    def mask_ratio(self) -> float:
+        return self._spec.mask_ratio
+
+    @mask_ratio.setter
+    def mask_ratio(self, value: float) -> None:
+        self._spec = replace(self._spec, mask_ratio=value)
+
+    @property
+    def norm_pix_loss(self) -> bool:
+        return self._spec.norm_pix_loss
+
+    @norm_pix_loss.setter
+    def norm_pix_loss(self, value: bool) -> None:
+        self._spec = replace(self._spec, norm_pix_loss=value)
 
     @property
     def adapter(self) -> EncoderAdapter:
