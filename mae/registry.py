@@ -3,7 +3,7 @@ presets): names to objects, with one way to register, look up, list and refuse.
 
     MASKS: Registry[MaskGenerator] = Registry("masking")
     MASKS.register("stripes", stripes)
-    MASKS.get("stripes")   # ConfigError: unknown masking 'nope'; choose one of: random, stripes
+    MASKS.get("stripes")   # stripes; MASKS.get("nope"): ConfigError: unknown masking 'nope'; choose one of: ...
     MASKS.names()          # in registration order
 
 A later registration of a name replaces the earlier one and counts as the latest (registries that ask their

@@ -71,11 +71,11 @@ def run_visualize(cfg: VisualizeConfig) -> StageResult:
             spec = read_encoder(cfg.pretrained or cfg.checkpoint)
         except (CheckpointError, FileNotFoundError) as e:
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
-        _stats(spec.record, cfg.pretrained or cfg.checkpoint)
+        mean, std = _stats(spec.record, cfg.pretrained or cfg.checkpoint)
         vit, _, _ = build_classifier(spec, 0)
         try:
             images = _read_images(cfg.images, spec.img_size, spec.in_chans)
-            grid = attention_grid(vit, images, spec.mean, spec.std)
+            grid = attention_grid(vit, images, mean, std)
         except ValueError as e:  # e.g. an encoder without a class token
             raise ConfigError(f"--pretrained {cfg.pretrained or cfg.checkpoint}: {e}") from None
         path = save_grid(grid, cfg.output)
