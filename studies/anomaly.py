@@ -1,6 +1,6 @@
-"""The Fashion-MNIST one-class anomaly study (docs/anomaly.md): for each class, pretrain an MAE on that class's
-6,000 training images only (recipes/anomaly/fashion_mnist_one_class.yaml), score all 10,000 test images, and
-report the AUROC with that class as normal; mean over classes, per seed. Side by side on the same split: the
+"""The Fashion-MNIST one-class anomaly study (docs/results/anomaly.md): for each class, pretrain an MAE
+on that class's 6,000 training images only (recipes/anomaly/fashion_mnist_one_class.yaml), score all 10,000 test
+images, and report the AUROC with that class as normal; mean over classes, per seed. Side by side on the same split: the
 MAE's reconstruction score under every aggregate, and its encoder features' k-NN distance and Gaussian
 (Mahalanobis) distance, on the whole image and on its masked views, and its Gaussian per patch position (each a
 `mae.anomaly` run: `--score`, `--features`, `--aggregate`, `--shrinkage`); the same feature scores from a
@@ -19,7 +19,7 @@ MAE's score is the MAE method best on val (every number is kept in results.json)
     python -m studies.anomaly --classes 0 1 --seeds 0 --epochs 4 --output runs/anomaly_quick   # reduced
     python -m studies.anomaly --output runs/anomaly_e192 \
         --override '{"model": {"embed_dim": 192, "num_heads": 3}, "loop": {"epochs": 30}}'   # a recipe lever
-    python -m studies.anomaly --keep docs/results/anomaly_study_p2 --table     # docs/anomaly.md's table
+    python -m studies.anomaly --keep docs/results/anomaly_study_p2 --table     # docs/results/anomaly.md's table
 
 With `--keep DIR`, each class and seed's scores (and the CPU and minutes of its pretraining) are also written
 there, and a class and seed found there (its own file, or the kept study's results.json) is not run again: the
@@ -276,8 +276,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                         help="a change of the recipe, as mae.pretrain takes it (a recipe lever measured on the whole "
                         "protocol), e.g. '{\"model\": {\"depth\": 4}}'; recorded with each run's scores")  # fmt: skip
     parser.add_argument("--table", action="store_true",
-                        help="print docs/anomaly.md's table of the kept study's results.json (--keep, else --output) "
-                        "and exit")  # fmt: skip
+                        help="print docs/results/anomaly.md's table of the kept study's results.json (--keep, else "
+                        "--output) and exit")  # fmt: skip
     return parser, parser.parse_args(argv)
 
 

@@ -121,7 +121,7 @@ def auroc(scores: np.ndarray, anomalous: np.ndarray) -> float:
     return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
-# The study's methods as docs/anomaly.md's tables name and order them (a method not named here is left out).
+# The study's methods as docs/results/anomaly.md's tables name and order them (a method not named here is left out).
 TABLE_ROWS = {
     "mae gaussian positions": "MAE: Gaussian per patch position",
     "mae gaussian features": "MAE: Gaussian feature distance",
@@ -141,8 +141,9 @@ TABLE_ROWS = {
 
 
 def table(report: dict) -> str:
-    """docs/anomaly.md's table of a study's results.json: test AUROC in percent, each method at its setting chosen on
-    val; per class the mean over seeds, each seed's mean over classes, their mean and (val); the MAE's score bold."""
+    """docs/results/anomaly.md's table of a study's results.json: test AUROC in percent, each method at its setting
+    chosen on val; per class the mean over seeds, each seed's mean over classes, their mean and (val); the MAE's score
+    bold."""
     classes, seeds = sorted(report["protocol"]["classes"]), sorted(report["protocol"]["seeds"])
     chosen, summary, runs = report["chosen_on_val"], report["summary"], report["per_run"]
     names = [f"{c} {CLASSES[c].split('/')[0].replace('Ankle b', 'B')}" for c in classes]  # "9 Boot", "0 T-shirt"

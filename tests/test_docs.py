@@ -181,15 +181,15 @@ def test_the_python_walk_through_runs_on_tiny_data(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kept", sorted((ROOT / "docs" / "results").glob("anomaly_study*/results.json")),
                          ids=lambda p: p.parent.name)  # fmt: skip
 def test_the_anomaly_tables_are_the_kept_studies(kept):
-    """docs/anomaly.md's table of a kept study (`python -m studies.anomaly --table`) shows its numbers: the MAE's
-    score (its bold row) is there, and every row of the table holding it is a row of the study's table (a table may
-    leave rows out or reorder them, never change one)."""
+    """docs/results/anomaly.md's table of a kept study (`python -m studies.anomaly --table`) shows its numbers: the
+    MAE's score (its bold row) is there, and every row of the table holding it is a row of the study's table (a table
+    may leave rows out or reorder them, never change one)."""
     from studies import anomaly_scores
 
     head, _, *rows = anomaly_scores.table(json.loads(kept.read_text())).splitlines()
     ours = next(r for r in rows if r.startswith("| **"))
-    page = (ROOT / "docs" / "anomaly.md").read_text().split("\n\n")  # a table is one paragraph
+    page = (ROOT / "docs" / "results" / "anomaly.md").read_text().split("\n\n")  # a table is one paragraph
     shown = [[r for r in p.splitlines() if r.startswith("| ") and r != head] for p in page if ours in p.splitlines()]
-    assert shown, f"{kept.parent.name}: the MAE's score, {ours[:60]}..., is in no table of docs/anomaly.md"
+    assert shown, f"{kept.parent.name}: the MAE's score, {ours[:60]}..., is in no table of docs/results/anomaly.md"
     for table in shown:
         assert set(table) <= set(rows), f"{kept.parent.name}: rows not its study's: {sorted(set(table) - set(rows))}"

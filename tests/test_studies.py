@@ -216,7 +216,7 @@ def run_kept(tmp_path: Path, *classes: int, seeds: tuple = (0,)) -> subprocess.C
 def test_anomaly_study_completes_from_kept_scores(tmp_path):
     """--keep: classes and seeds kept there are not run again (no data, no pretraining); a run over all 10 classes
     and both seeds writes the study's results.json beside them, a run over some classes or one seed only into
-    --output; once written, results.json alone keeps the runs; --table prints docs/anomaly.md's table of it."""
+    --output; once written, results.json alone keeps the runs; --table prints docs/results/anomaly.md's table of it."""
     keep = kept_study(tmp_path)
 
     def run(*classes: int, seeds: tuple = (0,)) -> subprocess.CompletedProcess:
@@ -241,7 +241,7 @@ def test_anomaly_study_completes_from_kept_scores(tmp_path):
     assert report["summary"]["test"]["seed 0"]["mae gaussian features @ 0.001"] == pytest.approx(0.949)
     assert "+4.90 points" in proc.stdout  # 0.949 against the random-init Gaussian's 0.90
     table = study("--keep", str(keep), "--table")
-    assert table.returncode == 0, table.stderr  # docs/anomaly.md's table: the MAE's score bold, 0.949 on seed 0
+    assert table.returncode == 0, table.stderr  # docs/results/anomaly.md's table: the MAE's score bold, 0.949 on seed 0
     rows = {r.split(" | ")[0]: r for r in table.stdout.splitlines()[2:]}
     assert set(rows) == {"| **MAE: Gaussian feature distance** (0.001)", "| random-init: Gaussian feature distance "
                          "(0.001)", "| raw pixels: PCA error"}  # fmt: skip
