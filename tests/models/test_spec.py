@@ -129,3 +129,25 @@ def test_a_new_model_option_travels_by_editing_the_model_and_the_spec_only(tmp_p
     assert "TOY 2.5" in done.stdout
     assert dataclasses.fields(ModelSpec)  # the package under test itself is untouched
     assert "toy_gain" not in ModelSpec.__dataclass_fields__
+
+
+def test_a_stage_asks_for_the_statistics_a_foreign_file_never_recorded(tmp_path, capsys):
+    """The rule's other side, where a stage meets it: a 1-channel encoder from another toolkit (a timm state dict, no
+    record) has no default normalisation, so k-NN and the attention maps stop with one line asking for it."""
+    import torch
+
+    model = mae.create_mae("mae_vit_micro_patch8", in_chans=1)
+    torch.save(model.encoder.state_dict(), tmp_path / "grey.pth")  # timm's keys, no metadata
+    labeled = make_labeled(tmp_path / "labeled", per_class=2)
+    with pytest.raises(mae.ConfigError, match=r"^--data\.mean / --data\.std: .*grey\.pth records no normalisation "
+                                              r"for its 1 channels; give them"):  # fmt: skip
+        mae.knn(pretrained=tmp_path / "grey.pth", data={"path": labeled}, output_dir=tmp_path / "knn")
+    from mae.cli import main
+
+    image = next((labeled / "red").iterdir())
+    args = ["visualize", "--attention", "--pretrained", str(tmp_path / "grey.pth"), "--images", str(image)]
+    capsys.readouterr()
+    assert main([*args, "--output", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "records no normalisation for its channels" in err, err
+    assert not (tmp_path / "a.png").exists()
