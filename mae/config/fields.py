@@ -5,7 +5,7 @@ trackers and resume."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from mae.errors import ConfigError
@@ -66,17 +66,20 @@ def check_config(cfg: Any, prefix: str = "") -> None:
             raise ConfigError(f"--{prefix}{f.name} {shown}: must be {rule.text}")
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain, YAML-ready dict of a config (tuples as lists)."""
+def to_dict(cfg: Any, leaf: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """A plain, YAML-ready dict of a config (tuples as lists); its values are never copied (`asdict` deep-copies them,
+    a dataset object too), and `leaf`, when given, turns each of them into what a record holds."""
 
     def plain(v: Any) -> Any:
+        if is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (tuple, list)):
             return [plain(x) for x in v]
-        return v
+        return leaf(v) if leaf is not None else v
 
-    return plain(asdict(cfg))
+    return plain(cfg)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import fields, is_dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
 
-from mae.config import to_dict
 from mae.data.demo import DemoSource
 from mae.data.folder import open_folder
 from mae.data.hf import DATASET_LABEL, is_saved_dataset, open_hf
@@ -225,23 +223,6 @@ def recorded_path(value: Any) -> Any:
     if not is_dataset_object(value):
         return value
     return f"{STAND_IN}fingerprint={getattr(value, '_fingerprint', None)}, num_rows={value.num_rows})"
-
-
-def config_record(cfg: Any) -> dict[str, Any]:
-    """A config (a dataclass, sections nested) as records keep it: config.yaml, a checkpoint's config, trackers, the
-    resume check, metadata. Plain YAML/JSON data (`to_dict`), with every `datasets.Dataset` object as its stand-in
-    (`asdict` would deep-copy the dataset, and YAML cannot hold it)."""
-    return to_dict(_recordable(cfg))
-
-
-def _recordable(cfg: Any) -> Any:
-    changed = {}
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        new = _recordable(value) if is_dataclass(value) and not isinstance(value, type) else recorded_path(value)
-        if new is not value:
-            changed[f.name] = new
-    return replace(cfg, **changed) if changed else cfg
 
 
 @register_source

@@ -14,13 +14,13 @@ from accelerate import Accelerator
 
 from mae.config import ConfigError
 from mae.data.labeled import LabeledSamples, split
-from mae.data.open import config_record, open_source
+from mae.data.open import open_source
 from mae.data.transforms import collate_labeled, decode_side
 from mae.data.transforms import eval_transform as labeled_eval_transform
 from mae.models.encoder import EncoderSpec
 from mae.run_folder import CLASSES, CLASSIFIER
 from mae.train.accelerator import open_accelerator
-from mae.train.checkpoint import check_output_dir, find_resume_checkpoint
+from mae.train.checkpoint import check_output_dir, config_record, find_resume_checkpoint
 from mae.train.loaders import eval_loader
 from mae.weights.classifier import save_classifier
 from mae.weights.importers import CheckpointError, read_encoder

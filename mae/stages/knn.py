@@ -8,11 +8,11 @@ from pathlib import Path
 import yaml
 
 from mae.config import KnnConfig
-from mae.data.open import config_record
 from mae.models.classifier import build_classifier
 from mae.run_folder import CONFIG, METRICS
 from mae.stages.downstream import labeled_eval_loader, open_downstream
 from mae.stages.registry import StageResult, register_stage
+from mae.train.checkpoint import config_record
 from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.loaders import prepare_eval
 from mae.train.metrics import MetricsWriter

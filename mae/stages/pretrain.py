@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mae.config import DEMO_OVERRIDES, IMAGENET_MEAN, IMAGENET_STD, ConfigError, ModelConfig, PretrainConfig
-from mae.data.open import config_record, open_source, recorded_path
+from mae.data.open import open_source, recorded_path
 from mae.data.stats import channel_stats
 from mae.data.transforms import PretrainSamples, collate_samples, load_image
 from mae.errors import CheckpointError
@@ -23,7 +23,7 @@ from mae.models.spec import ModelSpec
 from mae.run_folder import ENCODER, PREVIEW, decoder_beside
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import full_state_dict, open_accelerator, plain_model
-from mae.train.checkpoint import check_output_dir, find_resume_checkpoint
+from mae.train.checkpoint import check_output_dir, config_record, find_resume_checkpoint
 from mae.train.features import KnnMonitor
 from mae.train.optim import adamw
 from mae.train.tasks import PretrainTask

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from mae.config import ShardConfig
-from mae.data.open import config_record, open_source, recorded_path
+from mae.data.open import open_source, recorded_path
 from mae.data.shard_writer import write_shards
 from mae.stages.registry import StageResult, register_stage
+from mae.train.checkpoint import config_record
 
 
 @register_stage(

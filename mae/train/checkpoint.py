@@ -20,8 +20,8 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from mae.config import flatten
-from mae.data.open import config_record
+from mae.config import flatten, to_dict
+from mae.data.open import recorded_path
 from mae.errors import ConfigError
 from mae.models.spec import SPEC_KEY
 from mae.run_folder import (
@@ -132,6 +132,12 @@ def check_output_dir(cfg: Any) -> None:
     resume = getattr(cfg, "resume", "never")  # a stage that trains nothing (k-NN) has no checkpoints
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise ConfigError(f"--resume {cfg.resume}: no such checkpoint; use auto, never or a checkpoint folder")
+
+
+def config_record(cfg: Any) -> dict[str, Any]:
+    """A config as a run's records keep it (config.yaml, a checkpoint's config, trackers, the resume check, export
+    metadata, a shard index): plain YAML/JSON data, a `datasets.Dataset` object as its stand-in."""
+    return to_dict(cfg, recorded_path)
 
 
 def find_resume_checkpoint(cfg: Any) -> Path | None:

@@ -14,11 +14,10 @@ import yaml
 from accelerate import Accelerator
 
 from mae.config import flatten
-from mae.data.open import config_record
 from mae.models.spec import ModelSpec, with_spec
 from mae.run_folder import CONFIG, METRICS
 from mae.train.accelerator import describe_precision, plain_model, warn
-from mae.train.checkpoint import check_disk_space, load_loop_state
+from mae.train.checkpoint import check_disk_space, config_record, load_loop_state
 from mae.train.loaders import prepare_eval, prepare_training
 from mae.train.loop import LoopState, fit
 from mae.train.metrics import MetricsWriter
