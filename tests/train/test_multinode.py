@@ -117,3 +117,34 @@ def test_a_node_that_does_not_share_the_output_dir_ends_the_run(tmp_path, launch
         assert "cannot see the run folder the main process" in lines[0] and "on host" in lines[0]
         assert not (tmp_path / f"disk{k}" / "checkpoints").exists()
         assert not list((tmp_path / f"disk{k}").glob(".shared-*"))  # the main process's marker is removed
+
+
+def test_two_nodes_finetune_as_one_node_of_two_processes(tmp_path):
+    """Fine-tuning on 2 nodes x 1 process (torchrun's and accelerate's forms) is 1 node x 2 processes bit for bit:
+    the same world size runs the same maths, wherever its processes are. Against one process with the whole batch
+    it agrees to float rounding (DDP averages two half-batch gradients): test_downstream_processes.py."""
+    import mae
+    from tests.conftest import make_labeled
+
+    make_labeled(tmp_path / "lab", per_class=8)
+    enc = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path / "enc.safetensors")
+    args = ["finetune", "--model.drop_path", "0", "--aug.mixup", "0", "--aug.cutmix", "0", "--loop.mixed_precision",
+            "no", "--loop.progress", "false", "--loop.log_every", "1", "--loop.epochs", "2", "--loop.batch_size", "4",
+            "--data.num_workers", "0", "--optim.warmup_epochs", "1", "--pretrained", str(enc), "--data.path",
+            str(tmp_path / "lab"), "--data.val_fraction", "0.3"]  # fmt: skip
+    one_node = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mae"]
+    (node,) = run_together([[*one_node, *args, "--output_dir", str(tmp_path / "one_node")]], tmp_path / "l1", RUN_S)
+    assert node["rc"] == 0, node["err"][-3000:]
+    for name, launcher in LAUNCHERS.items():
+        port = free_port()
+        cmds = [[*launcher(k, port), *args, "--output_dir", str(tmp_path / name)] for k in (0, 1)]
+        for n in run_together(cmds, tmp_path / f"logs-{name}", RUN_S):
+            assert n["rc"] == 0, f"{name}: {n['err'][-3000:]}"
+    ref = load_file(tmp_path / "one_node" / "classifier.safetensors")
+    for name in LAUNCHERS:
+        got = load_file(tmp_path / name / "classifier.safetensors")
+        assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref), name
+        lines = [ln for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if '"img_per_s"' not in ln]
+        assert lines == [ln for ln in (tmp_path / "one_node" / "metrics.jsonl").read_text().splitlines()
+                         if '"img_per_s"' not in ln]  # fmt: skip
+        assert any('"samples": 7' in ln for ln in lines)  # 7 held out of 24: 4 + 3 over 2 processes
