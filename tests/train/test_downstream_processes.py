@@ -74,7 +74,7 @@ def test_finetune_on_two_processes_is_one_process(tmp_path, data):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
     w1, w2 = (load_file(d / "classifier.safetensors") for d in (tmp_path / "one", tmp_path / "two"))
     assert w1.keys() == w2.keys()
-    for k in w1:  # measured: max abs diff 2e-6 over 3 epochs (AdamW, lr 1.6e-5)
+    for k in w1:  # float rounding of the gradient sums, grown by AdamW over 6 steps
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=2e-5)
 
 
