@@ -25,6 +25,24 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def evaluations(monkeypatch):
+    """Every evaluation pass a stage makes in this process, as (outputs [N, ...], labels [N]) in the evaluated
+    source's order: the per-image record an export or a prediction must reproduce (a count of correct images
+    hides a drift that moves some images each way)."""
+    from mae.train import tasks
+
+    seen, real = [], tasks.predict
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(tasks, "predict", recording)
+    return seen
+
+
 def make_images(root, n=32, size=40, seed=0, nested=True, formats=("png", "jpg")):
     """A folder of smooth random colour images (learnable, unlike white noise), nested two deep."""
     from pathlib import Path

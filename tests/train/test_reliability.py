@@ -328,7 +328,7 @@ def test_sigterm_saves_and_exits_0_then_resumes(tmp_path, reference):
     resumed = child(out)
     assert resumed.returncode == 0
     weights = final_weights(out)
-    assert all(torch.equal(weights[k], reference[k]) for k in weights)
+    assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in weights)
 
 
 @pytest.mark.slow
