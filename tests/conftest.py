@@ -70,6 +70,25 @@ def image_folder(tmp_path):
     return tmp_path / "images"
 
 
+def held_out(data, fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[int]]:
+    """(files, labels) a downstream stage holds out of the labeled folder `data` (--data.val_fraction, --seed) and
+    evaluates, in the order of its evaluation record (`evaluations`)."""
+    from mae.data.labeled import split
+    from mae.data.open import open_source
+
+    _, val = split(open_source(str(data), labeled=True), fraction, seed)
+    return [val.name(i) for i in range(len(val))], [int(y) for y in val.labels]
+
+
+def last_eval(out) -> dict:
+    """The last evaluation line of a run folder's metrics.jsonl."""
+    import json
+    from pathlib import Path
+
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if "eval" in m][-1]
+
+
 def make_labeled(root, per_class=24, size=32, seed=0):
     """Class folders whose classes differ by content, not by a constant: random smooth textures whose
     dominant hue (red, green or blue) is the class; shapes, brightness and noise are random in every image."""
