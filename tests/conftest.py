@@ -5,19 +5,15 @@ import torch
 
 # Under `pytest -n N` (pytest-xdist) each worker gets its share of the cores, and so do the processes its tests start
 # (torchrun, `mae` subprocesses): N workers at torch's default of one thread per core would oversubscribe the cores.
+# Nothing downloads: the Hub, `datasets` and transformers fail at once instead of fetching (set before they are
+# imported; the processes the tests start inherit them).
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ[_name] = "1"
+
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
-
-
-def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -85,12 +85,10 @@ def test_every_documented_command_parses(where, words, monkeypatch, capsys):
         assert cfg.pretrained, f"{where}: the stage refuses to start without --pretrained"
 
 
-def test_the_cli_reference_is_current_and_lists_every_option_of_every_stage():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import cli_reference
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+def test_the_cli_reference_is_current_and_lists_every_option_of_every_stage(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # undone after the test, the module cache too
+    import cli_reference
+
     written = (ROOT / "docs" / "reference" / "cli.md").read_text()
     assert written == cli_reference.render(), "docs/reference/cli.md is stale: run python scripts/cli_reference.py"
     for stage in list_stages():
