@@ -5,24 +5,38 @@ import torch
 
 # Under `pytest -n N` (pytest-xdist) each worker gets its share of the cores, and so do the processes its tests start
 # (torchrun, `mae` subprocesses): N workers at torch's default of one thread per core would oversubscribe the cores.
+# Nothing downloads: the Hub, `datasets` and transformers fail at once instead of fetching (set before they are
+# imported; the processes the tests start inherit them).
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ[_name] = "1"
+
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
 
 
-def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def evaluations(monkeypatch):
+    """Every evaluation pass a stage makes in this process, as (outputs [N, ...], labels [N]) in the evaluated
+    source's order: the per-image record an export or a prediction must reproduce (a count of correct images
+    hides a drift that moves some images each way)."""
+    from mae.train import tasks
+
+    seen, real = [], tasks.predict
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(tasks, "predict", recording)
+    return seen
 
 
 def make_images(root, n=32, size=40, seed=0, nested=True, formats=("png", "jpg")):
@@ -50,6 +64,25 @@ def make_images(root, n=32, size=40, seed=0, nested=True, formats=("png", "jpg")
 def image_folder(tmp_path):
     make_images(tmp_path / "images")
     return tmp_path / "images"
+
+
+def held_out(data, fraction: float = 0.1, seed: int = 0) -> tuple[list[str], list[int]]:
+    """(files, labels) a downstream stage holds out of the labeled folder `data` (--data.val_fraction, --seed) and
+    evaluates, in the order of its evaluation record (`evaluations`)."""
+    from mae.data.labeled import split
+    from mae.data.open import open_source
+
+    _, val = split(open_source(str(data), labeled=True), fraction, seed)
+    return [val.name(i) for i in range(len(val))], [int(y) for y in val.labels]
+
+
+def last_eval(out) -> dict:
+    """The last evaluation line of a run folder's metrics.jsonl."""
+    import json
+    from pathlib import Path
+
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if "eval" in m][-1]
 
 
 def make_labeled(root, per_class=24, size=32, seed=0):

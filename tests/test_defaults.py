@@ -12,7 +12,7 @@ import pytest
 from accelerate.state import AcceleratorState
 
 from mae.cli import main
-from tests.conftest import make_images, make_labeled
+from tests.conftest import held_out, make_images, make_labeled
 
 
 def cli(*args) -> int:
@@ -24,8 +24,16 @@ def evals(out) -> list[dict]:
     return [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval" in m]
 
 
+def logged_top1(out, evaluation, labels) -> None:
+    """The run's last logged top-1 is the accuracy of its last evaluation, over the held-out `labels`."""
+    logits, logged_labels = evaluation
+    assert logged_labels.tolist() == labels, out
+    correct = (logits.argmax(1) == logged_labels).float().mean().item()
+    assert evals(out)[-1]["top1"] == pytest.approx(100 * correct) and evals(out)[-1]["samples"] == len(labels)
+
+
 @pytest.mark.slow
-def test_every_stage_runs_at_its_defaults(tmp_path, capsys):
+def test_every_stage_runs_at_its_defaults(tmp_path, capsys, evaluations):
     make_images(tmp_path / "imgs", n=16)
     labeled = make_labeled(tmp_path / "labeled", per_class=12)
     size = ["--model.img_size", 32]
@@ -37,12 +45,14 @@ def test_every_stage_runs_at_its_defaults(tmp_path, capsys):
     common = ["--pretrained", pre, "--data.path", labeled, "--loop.epochs", 2, "--loop.batch_size", 8]
     for mode in ("cached", "augmented"):
         assert cli("linprobe", *common, "--mode", mode, "--output_dir", tmp_path / mode) == 0
-        assert evals(tmp_path / mode)[-1]["top1"] >= 0
+        logged_top1(tmp_path / mode, evaluations[-1], held_out(labeled)[1])
     assert cli("finetune", *common, "--output_dir", tmp_path / "ft") == 0
     assert (tmp_path / "ft" / "classifier.safetensors").is_file()
+    logged_top1(tmp_path / "ft", evaluations[-1], held_out(labeled)[1])
     assert cli("knn", "--pretrained", pre, "--data.path", labeled, "--loop.batch_size", 8,
                "--output_dir", tmp_path / "knn") == 0  # fmt: skip
-    assert evals(tmp_path / "knn")[-1]["top1"] >= 0
+    knn = evals(tmp_path / "knn")[-1]  # 4 queries (10% of 36): top-1 is a count of them
+    assert knn["samples"] == len(held_out(labeled)[1]) == 4 and knn["top1"] in (0, 25, 50, 75, 100), knn
     assert cli("export", "--checkpoint", pre, "--output", tmp_path / "enc.safetensors") == 0
     image = next((labeled / "red").iterdir())
     assert cli("visualize", "--checkpoint", pre, "--images", image, "--output", tmp_path / "rec.png") == 0

@@ -92,7 +92,7 @@ def test_cli_export_from_an_output_folder(tmp_path, capsys):
         config = json.loads(f.metadata()["config"])
     assert config["model"]["name"] == "mae_vit_micro_patch8"
     a, b = load_file(tmp_path / "e.safetensors"), load_file(tmp_path / "run" / "encoder.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert main(["export", "--checkpoint", str(tmp_path / "nope"), "--output", str(tmp_path / "x")]) == 2
     assert "nope: no such file or folder" in capsys.readouterr().err
 

@@ -139,3 +139,26 @@ def test_unknown_input_size_is_one_line_and_img_size_fixes_it(tmp_path, capsys):
     with torch.no_grad():
         _close(_run(tmp_path / "e.onnx", x)[1], model.encoder.forward_features(x))
     assert np.isfinite(_run(tmp_path / "e.onnx", x)[0].numpy()).all()
+
+
+def test_the_exports_own_check_refuses_a_wrong_graph_and_checks_nothing_without_onnxruntime(tmp_path, monkeypatch):
+    """`export_onnx(verify=True)` compares onnxruntime with torch: a graph of other weights is refused with one line;
+    without onnxruntime `check_onnx` checks nothing and says so by returning 0.0."""
+    import sys
+
+    from mae.errors import CheckpointError
+    from mae.weights import onnx as onnx_export
+
+    torch.manual_seed(0)
+    right, wrong = (mae.create_mae("mae_vit_micro_patch8", img_size=32).eval() for _ in range(2))
+    good = export_onnx(right, tmp_path / "good.onnx")  # verify=True: the graph of these weights passes
+    net = onnx_export._Outputs(onnx_export.open_deployable(right, None).model, False).eval()
+    assert 0.0 < onnx_export.check_onnx(good, net) <= onnx_export.TOLERANCE * 10
+    real = torch.onnx.export
+    other = onnx_export._Outputs(onnx_export.open_deployable(wrong, None).model, False).eval()
+    monkeypatch.setattr(torch.onnx, "export", lambda _net, *a, **k: real(other, *a, **k))  # writes the wrong graph
+    with pytest.raises(CheckpointError, match=r"bad\.onnx: onnxruntime's outputs differ from torch's by up to .* at "
+                       r"batch 1; the export is wrong$"):  # fmt: skip
+        export_onnx(right, tmp_path / "bad.onnx")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails as where it is not installed
+    assert onnx_export.check_onnx(tmp_path / "bad.onnx", net) == 0.0

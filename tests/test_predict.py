@@ -8,11 +8,12 @@ import pytest
 
 import mae
 from mae.cli import main
+from mae.data.open import open_source
 from tests.conftest import make_labeled
 
 
 @pytest.mark.slow
-def test_predict_reproduces_the_fine_tune_top1(tmp_path, capsys):
+def test_predict_reproduces_the_fine_tune_evaluation_image_by_image(tmp_path, capsys, evaluations):
     make_labeled(tmp_path / "train", per_class=8)
     make_labeled(tmp_path / "val", per_class=6, seed=1)
     run = mae.finetune(pretrained="random:mae_vit_micro_patch8", output_dir=str(tmp_path / "ft"), seed=0,
@@ -31,6 +32,16 @@ def test_predict_reproduces_the_fine_tune_top1(tmp_path, capsys):
     assert all(Path(r["file"]).is_file() and Path(r["file"]).parent.parent == tmp_path / "val" for r in rows)
     correct = sum(Path(r["file"]).parent.name == r["class"] for r in rows)
     assert 100.0 * correct / len(rows) == pytest.approx(top1, abs=1e-9)
+    # Image by image, as the stage's last evaluation scored it (its pass runs in the labeled source's order).
+    logits, labels = evaluations[-1]
+    val, classes = open_source(str(tmp_path / "val"), labeled=True), ["blue", "green", "red"]
+    probs, by_file = logits.softmax(1), {r["file"]: r for r in rows}
+    assert len(by_file) == len(val) == len(labels) == 18
+    for i in range(len(val)):
+        row = by_file[val.name(i)]
+        assert classes[int(labels[i])] == Path(val.name(i)).parent.name  # the record is in this order
+        assert row["class"] == classes[int(probs[i].argmax())], val.name(i)
+        assert float(row["probability"]) == pytest.approx(probs[i].max().item(), abs=1e-5), val.name(i)
 
 
 @pytest.fixture

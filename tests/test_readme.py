@@ -75,7 +75,7 @@ def test_the_encoder_snippet_gives_the_logged_knn_accuracy(data, tmp_path):
         assert topk_accuracy(scores, labels)["top1"] == pytest.approx(last_eval(tmp_path / "knn")["top1"]), page
 
 
-def test_the_classifier_snippet_gives_the_logged_accuracy(data, tmp_path):
+def test_the_classifier_snippet_gives_the_logged_evaluation_image_by_image(data, tmp_path, evaluations):
     root, pre, fast = data
     out = tmp_path / "ft"
     assert cli("finetune", "--pretrained", pre, "--data.path", root / "train", "--data.val_path", root / "val",
@@ -85,5 +85,8 @@ def test_the_classifier_snippet_gives_the_logged_accuracy(data, tmp_path):
     logits, _, labels = features(ns["model"], ns["transform"], root / "val")
     assert ns["classes"] == ["blue", "green", "red"]
     top1 = (logits.argmax(1) == labels).float().mean().item() * 100
-    # A trained head, not a fresh one: timm reproduces the logged accuracy (to a sample's rounding).
-    assert abs(top1 - last_eval(out)["top1"]) <= 100 / len(labels) + 1e-6
+    # A trained head, not a fresh one: timm reproduces the logged accuracy, and each image's logits as logged.
+    assert top1 == pytest.approx(last_eval(out)["top1"])
+    logged, logged_labels = evaluations[-1]  # the labeled folder's order: classes sorted, files sorted in each
+    assert torch.equal(labels, logged_labels)
+    torch.testing.assert_close(logits, logged, atol=1e-4, rtol=1e-4)

@@ -165,7 +165,7 @@ def test_pretraining_from_shards_resumes_mid_epoch_bit_identical(corpus, tmp_pat
     assert cli("pretrain", *args, "--output_dir", part) == 0
     a = load_file(full / "checkpoints" / "step_00000012" / "model.safetensors")
     b = load_file(part / "checkpoints" / "step_00000012" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     lines = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "eval" not in m]
     assert [m["step"] for m in steps] == list(range(1, 13))  # steps per epoch from the index: exact

@@ -108,7 +108,7 @@ def test_pretraining_streams_and_resumes_mid_epoch(parquet_set, tmp_path):
     assert [m["loss"] for m in b] == [m["loss"] for m in a][3:]  # the resumed run continues exactly
     wa = load_file(full / "checkpoints" / "step_00000020" / "model.safetensors")
     wb = load_file(part / "checkpoints" / "step_00000020" / "model.safetensors")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_streaming_a_folder_is_one_line(tmp_path, capsys):

@@ -53,3 +53,23 @@ def test_the_small_data_fine_tune_is_at_least_its_probe(tmp_path, capsys):
     assert lines[0]["eval"] == "probe_init" and lines[0]["step"] == 0  # the starting point, logged first
     warned = "below the" in capsys.readouterr().err  # said at the end exactly when the fine-tune ends below its start
     assert warned == (ft.metrics["top1"] < lines[0]["top1"])
+
+
+@pytest.mark.parametrize(("final", "main_process", "probe", "said"), [
+    (70.0, True, True, True), (80.0, True, True, False), (90.0, True, True, False), (70.0, False, True, False),
+    (70.0, True, False, False),
+])  # fmt: skip
+def test_a_fine_tune_ending_below_its_probe_says_so_on_the_main_process(tmp_path, capsys, final, main_process, probe,
+                                                                         said):  # fmt: skip
+    from types import SimpleNamespace
+
+    from mae.stages.finetune import _compare_with_probe
+
+    start = {"step": 0, "epoch": 0, "loss": 0.9, "eval": "probe_init" if probe else "val", "top1": 80.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(start) + "\n")
+    setup = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=main_process))
+    _compare_with_probe(setup, tmp_path, {"eval": "val", "top1": final})
+    err = capsys.readouterr().err
+    assert err.startswith("warning: fine-tuning ended at top1 70.00%, below the 80.00% of the linear probe it "
+                          "started from: train longer (--loop.min_steps)") if said else err == ""  # fmt: skip
+    assert err.count("\n") == int(said)  # one line

@@ -245,12 +245,14 @@ def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """The uninterrupted run's weights; while this module's tests run, ARGS names its images (undone after)."""
     root = tmp_path_factory.mktemp("kill")
     make_images(root / "imgs", n=16)
-    ARGS.extend(["--data.path", str(root / "imgs")])
-    proc = child(root / "uninterrupted")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return final_weights(root / "uninterrupted")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "ARGS", [*ARGS, "--data.path", str(root / "imgs")])
+        proc = child(root / "uninterrupted")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        yield final_weights(root / "uninterrupted")
 
 
 KILLS = {
@@ -328,7 +330,7 @@ def test_sigterm_saves_and_exits_0_then_resumes(tmp_path, reference):
     resumed = child(out)
     assert resumed.returncode == 0
     weights = final_weights(out)
-    assert all(torch.equal(weights[k], reference[k]) for k in weights)
+    assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in weights)
 
 
 @pytest.mark.slow
