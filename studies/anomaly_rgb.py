@@ -25,9 +25,8 @@ import numpy as np
 import torch
 
 import mae
-from mae.anomaly_maps import auroc, position_distance, position_maps, pro_auc
 from studies import harness
-from studies.anomaly_scores import random_init
+from studies.anomaly_scores import auroc, gaussian_distance, random_init
 
 RECIPE = harness.RECIPES / "anomaly" / "rgb_defects.yaml"
 PCA_COMPONENTS = 32
@@ -39,14 +38,15 @@ def categories(data: Path) -> list[Path]:
 
 
 def read(folder: Path, model: mae.MaskedAutoencoder, stats: dict) -> tuple[torch.Tensor, list[Path]]:
-    """The images below `folder`, resized whole to the model's input and normalised as `mae anomaly` reads them."""
+    """The images below `folder`, resized whole to the model's input and normalised with the run's statistics."""
     from PIL import Image
 
-    from mae.stages.anomaly import input_transform
-
     files = sorted(p for p in folder.rglob("*.png"))
-    transform = input_transform(tuple(model.img_size), tuple(stats["mean"]), tuple(stats["std"]))
-    return torch.stack([transform(Image.open(f).convert("RGB")) for f in files]), files
+    h, w = model.img_size
+    x = torch.stack([torch.from_numpy(np.asarray(Image.open(f).convert("RGB").resize((w, h), Image.BILINEAR)))
+                     for f in files]).permute(0, 3, 1, 2).float() / 255  # fmt: skip
+    mean, std = torch.tensor(stats["mean"]).view(1, -1, 1, 1), torch.tensor(stats["std"]).view(1, -1, 1, 1)
+    return (x - mean) / std, files
 
 
 def masks_of(files: list[Path], size: tuple[int, int]) -> np.ndarray:
@@ -61,8 +61,40 @@ def masks_of(files: list[Path], size: tuple[int, int]) -> np.ndarray:
     return out
 
 
+def pro(maps: np.ndarray, masks: np.ndarray, max_fpr: float = 0.3) -> float:
+    """MVTec AD's per-region overlap integrated up to `max_fpr` and normalised, as `mae anomaly` reports it: at each
+    distinct score, the mean over the masks' 8-connected regions of the share above it, against the share of normal
+    pixels above it."""
+    from scipy.ndimage import label
+
+    regions, count = np.zeros(masks.shape, np.int64), 0
+    for i, m in enumerate(masks):
+        lab, n = label(m, structure=np.ones((3, 3)))
+        regions[i], count = np.where(lab > 0, lab + count, 0), count + n
+    sizes = np.bincount(regions.ravel(), minlength=count + 1)
+    weight = np.where(regions > 0, 1.0 / (sizes[regions] * max(count, 1)), 0.0).ravel()
+    order = np.argsort(-maps.ravel(), kind="stable")
+    s, weight, neg = maps.ravel()[order], weight[order], (~masks).ravel()[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]
+    fpr, overlap = np.r_[0.0, np.cumsum(neg)[last] / neg.sum()], np.r_[0.0, np.cumsum(weight)[last]]
+    x = np.r_[fpr[fpr <= max_fpr], max_fpr]
+    y = np.r_[overlap[fpr <= max_fpr], np.interp(max_fpr, fpr, overlap)]
+    return float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2) / max_fpr)
+
+
 def judge(scores: np.ndarray, maps: np.ndarray, anomalous: np.ndarray, masks: np.ndarray) -> dict:
-    return {"image_auroc": auroc(scores, anomalous), "pixel_auroc": auroc(maps, masks), "pro": pro_auc(maps, masks)}
+    return {"image_auroc": auroc(scores, anomalous), "pixel_auroc": auroc(maps.ravel(), masks.ravel()),
+            "pro": pro(maps, masks)}  # fmt: skip
+
+
+def position_gaussian(train: torch.Tensor, test: torch.Tensor, model: mae.MaskedAutoencoder) -> tuple:
+    """(scores [N], maps [N, H, W]): a Gaussian per patch position on raw pixel patches (PaDiM on pixels), the
+    distances upsampled bilinearly to the input's size."""
+    a, b = model.patchify(train).float(), model.patchify(test).float()  # [N, L, p*p*C]
+    d = torch.stack([gaussian_distance(a[:, i], b[:, i], 1e-2) for i in range(a.shape[1])], 1)
+    grid = d.view(len(d), 1, *model.grid_size)
+    maps = torch.nn.functional.interpolate(grid, size=tuple(model.img_size), mode="bilinear", align_corners=False)
+    return d.mean(1).numpy(), maps[:, 0].numpy()
 
 
 def pixel_baselines(run: Path, category: Path) -> dict:
@@ -74,13 +106,7 @@ def pixel_baselines(run: Path, category: Path) -> dict:
     test, files = read(category / "test", model, stats)
     anomalous = np.array([f.parent.name != "good" for f in files])
     masks = masks_of(files, tuple(model.img_size))
-    patches = model.patchify(train).float(), model.patchify(test).float()  # [N, L, p*p*C]
-    distances = position_distance(*patches, shrinkage=1e-2)
-    out = {
-        "pixels: gaussian per patch position": judge(
-            distances.mean(1).numpy(), position_maps(distances, model).numpy(), anomalous, masks
-        )
-    }
+    out = {"pixels: gaussian per patch position": judge(*position_gaussian(train, test, model), anomalous, masks)}
     a, b = train.flatten(1), test.flatten(1)
     mu = a.mean(0)
     _, _, v = torch.linalg.svd(a - mu, full_matrices=False)
