@@ -15,8 +15,9 @@ Beside it, feature-distance scores, which see semantic outliers that reconstruct
 cosine distance of an image's encoder features to its nearest training images; `gaussian_distance`, their
 Mahalanobis distance to a Gaussian fitted to the training images' features (`encoder_features`: of the whole
 image, or of its masked views as in pretraining); and `position_distance`, one Gaussian per patch position on
-`patch_tokens`, each position's token judged apart. `auroc` and `average_precision` judge any score against known
-anomalies (no scikit-learn: ranks and a cumulative sum).
+`patch_tokens`, each position's token judged apart, its maps the patch grid upsampled (`position_maps`). `auroc`
+and `average_precision` judge any score against known anomalies (no scikit-learn: ranks and a cumulative sum),
+`pro_auc` a map against masks of the anomalous regions (MVTec AD's per-region overlap).
 """
 
 from __future__ import annotations
@@ -197,11 +198,53 @@ def position_distance(bank: torch.Tensor, query: torch.Tensor, shrinkage: float 
     return torch.stack([gaussian_distance(bank[:, p], query[:, p], shrinkage) for p in range(bank.shape[1])], 1)
 
 
-def position_maps(distances: torch.Tensor, model: MaskedAutoencoder) -> torch.Tensor:
-    """`position_distance`'s [N, L] -> maps [N, H, W] at the model's input size: each patch's distance over its
-    pixels (a coarse map, one value per patch, aligned with the input as `error_maps` are)."""
-    (gh, gw), p = model.grid_size, model.patch_size
-    return distances.float().view(-1, gh, gw).repeat_interleave(p, 1).repeat_interleave(p, 2)
+def position_maps(distances: torch.Tensor, model: MaskedAutoencoder, blur: float = 0.0) -> torch.Tensor:
+    """`position_distance`'s [N, L] -> maps [N, H, W] at the model's input size, aligned with the input as
+    `error_maps` are: the patch grid upsampled bilinearly (each value at its patch's centre), then, with `blur` > 0,
+    smoothed by a Gaussian of that standard deviation in pixels (PatchCore's 4 at 224 px)."""
+    (gh, gw), size = model.grid_size, tuple(model.img_size)
+    grid = distances.float().view(-1, 1, gh, gw)
+    maps = F.interpolate(grid, size=size, mode="bilinear", align_corners=False)
+    if blur > 0:
+        from torchvision.transforms.v2.functional import gaussian_blur
+
+        # 3 sigmas a side, and less than the map's side (the reflected padding's limit)
+        side = min(2 * int(np.ceil(3 * blur)) + 1, 2 * ((min(size) - 1) // 2) + 1)
+        maps = gaussian_blur(maps, [side, side], [blur, blur])
+    return maps[:, 0]
+
+
+def pro_auc(maps: np.ndarray | torch.Tensor, masks: np.ndarray | torch.Tensor, max_fpr: float = 0.3) -> float:
+    """MVTec AD's per-region overlap (Bergmann et al., 2021): `maps` [N, H, W], `masks` [N, H, W] bool (True =
+    anomalous pixel). At each threshold, PRO is the mean over the masks' connected regions (8-connected, each
+    image's own) of the share of the region's pixels above it, and the false positive rate the share of all normal
+    pixels above it; the area under PRO against FPR from 0 to `max_fpr`, divided by `max_fpr` (1 = perfect). Every
+    distinct score is a threshold. NaN without a region or without a normal pixel."""
+    from scipy.ndimage import label
+
+    s, m = np.asarray(maps, dtype=np.float64), np.asarray(masks).astype(bool)
+    regions = np.zeros(m.shape, dtype=np.int64)
+    count = 0
+    for i in range(len(m)):
+        labelled, n = label(m[i], structure=np.ones((3, 3)))
+        regions[i] = np.where(labelled > 0, labelled + count, 0)
+        count += n
+    normal = int((~m).sum())
+    if count == 0 or normal == 0:
+        return float("nan")
+    sizes = np.bincount(regions.ravel(), minlength=count + 1)
+    # each anomalous pixel weighs 1 / (its region's size x the region count): summed above a threshold, the PRO
+    weight = np.where(regions > 0, 1.0 / (sizes[regions] * count), 0.0).ravel()
+    order = np.argsort(-s.ravel(), kind="stable")
+    flat, weight, neg = s.ravel()[order], weight[order], (~m).ravel()[order]
+    last = np.r_[np.flatnonzero(np.diff(flat)), len(flat) - 1]  # the last pixel of each run of equal scores
+    fpr, pro = np.r_[0.0, np.cumsum(neg)[last] / normal], np.r_[0.0, np.cumsum(weight)[last]]
+    end = int(np.searchsorted(fpr, max_fpr, side="right"))  # the points with fpr <= max_fpr
+    x, y = fpr[:end], pro[:end]
+    if end < len(fpr) and x[-1] < max_fpr:  # the curve up to max_fpr, interpolated on the segment that crosses it
+        t = (max_fpr - fpr[end - 1]) / (fpr[end] - fpr[end - 1])
+        x, y = np.r_[x, max_fpr], np.r_[y, pro[end - 1] + t * (pro[end] - pro[end - 1])]
+    return float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2) / max_fpr)  # the trapezoids
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:

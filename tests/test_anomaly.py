@@ -21,6 +21,7 @@ from mae.anomaly_maps import (
     patch_tokens,
     position_distance,
     position_maps,
+    pro_auc,
     roc_curve,
 )
 from mae.models.masking import random_masking
@@ -196,11 +197,66 @@ def test_position_distance():
     tokens = patch_tokens(model, x)
     assert tokens.shape == (5, model.num_patches, model.encoder.embed_dim)
     torch.testing.assert_close(tokens.mean(1), encoder_features(model, x))
+
+
+def test_position_maps_upsample_the_patch_grid():
+    """Each patch's distance sits at its patch's centre and the map is bilinear between centres (flat beyond the
+    outer ones), at the model's size, patches in row order; --blur smooths it and keeps its mean away from the
+    borders."""
     wide = mae.create_mae("mae_vit_micro_patch8", img_size=(24, 40))  # 3 x 5 patches of 8 px, in row order
-    grid = position_maps(torch.arange(30.0).view(2, 15), wide)
-    assert grid.shape == (2, 24, 40) and grid[1, 2 * 8 + 3, 4 * 8 + 7] == 15 + 2 * 5 + 4
-    assert torch.equal(grid[:, ::8, ::8].flatten(1), torch.arange(30.0).view(2, 15))
-    assert torch.equal(grid, grid[:, ::8, ::8].repeat_interleave(8, 1).repeat_interleave(8, 2))
+    distances = torch.rand(2, 15, generator=torch.Generator().manual_seed(0))
+    maps = position_maps(distances, wide)
+    assert maps.shape == (2, 24, 40)
+    grid = distances.view(2, 3, 5).double()
+    for r, c in ((0, 0), (5, 13), (11, 20), (17, 37), (23, 39), (12, 3)):
+        y, x = min(max((r + 0.5) / 8 - 0.5, 0), 2), min(max((c + 0.5) / 8 - 0.5, 0), 4)  # in patch units
+        y0, x0 = min(int(y), 1), min(int(x), 3)
+        fy, fx = y - y0, x - x0
+        expected = ((1 - fy) * (1 - fx) * grid[:, y0, x0] + (1 - fy) * fx * grid[:, y0, x0 + 1]
+                    + fy * (1 - fx) * grid[:, y0 + 1, x0] + fy * fx * grid[:, y0 + 1, x0 + 1])  # fmt: skip
+        torch.testing.assert_close(maps[:, r, c].double(), expected, rtol=1e-5, atol=1e-6)
+    spike = torch.zeros(1, 15)
+    spike[0, 7] = 1.0  # the middle patch
+    sharp, blurred = position_maps(spike, wide), position_maps(spike, wide, blur=3.0)
+    assert blurred.max() < sharp.max() and float(blurred.sum()) == pytest.approx(float(sharp.sum()), rel=0.05)
+    assert int(blurred[0].argmax()) // 40 in (11, 12) and int(blurred[0].argmax()) % 40 in (19, 20)
+
+
+def brute_pro(maps, masks, max_fpr):
+    """PRO integrated to max_fpr the slow way: every distinct score a threshold, each region's overlap counted
+    pixel by pixel, the curve cut at max_fpr by linear interpolation."""
+    from scipy.ndimage import label
+
+    regions = []
+    for i in range(len(masks)):
+        labelled, n = label(masks[i], structure=np.ones((3, 3)))
+        regions += [(i, labelled == j) for j in range(1, n + 1)]
+    points = [(0.0, 0.0)]
+    for t in sorted(set(maps.ravel().tolist()), reverse=True):
+        above = maps >= t
+        fpr = (above & ~masks).sum() / (~masks).sum()
+        pro = np.mean([(above[i] & r).sum() / r.sum() for i, r in regions])
+        points.append((fpr, pro))
+    x, y = np.array(points).T
+    keep = x <= max_fpr
+    cut = np.interp(max_fpr, x, y)
+    x, y = np.r_[x[keep], max_fpr], np.r_[y[keep], cut]
+    return np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2) / max_fpr
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pro_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    masks = np.zeros((3, 9, 9), bool)
+    masks[0, 1:4, 1:3] = True
+    masks[0, 6:8, 5:9] = True  # two regions in one image, of different sizes
+    masks[1, 4, 4] = masks[1, 5, 5] = True  # diagonal neighbours: one region (8-connected)
+    maps = rng.integers(0, 8, masks.shape).astype(float) + 3 * masks * rng.random(masks.shape)  # ties, some signal
+    for max_fpr in (0.3, 0.05, 1.0):
+        assert pro_auc(maps, masks, max_fpr) == pytest.approx(brute_pro(maps, masks, max_fpr))
+    assert pro_auc(masks.astype(float), masks) == pytest.approx(1.0)  # every region found before any false positive
+    assert pro_auc(np.ones(masks.shape), masks) == pytest.approx(0.15)  # one threshold: the diagonal, to 0.3
+    assert np.isnan(pro_auc(maps, np.zeros_like(masks)))
 
 
 def test_an_encoder_only_file_is_refused(tmp_path):

@@ -2,14 +2,13 @@
 
 Reads the images as the run was trained (its mean/std, resized to the model's input), runs one evaluation pass
 over every process (`features.predict`, gathered exactly), and writes scores.csv, maps/, most_anomalous.png and,
-where the data says what is normal, metrics.json with image (and pixel) AUROC and AUPR, and roc.png.
+where the data says what is normal, metrics.json with image AUROC and AUPR (with masks, pixel AUROC and PRO), and
+roc.png. With no --score it chooses from what it knows (`choose`), and says so first.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,14 @@ from mae.anomaly_maps import (
     patch_tokens,
     position_distance,
     position_maps,
-    roc_curve,
+    pro_auc,
 )
 from mae.config import AnomalyConfig, ConfigError
-from mae.data.labeled import LabeledSamples, Subset
 from mae.data.open import open_source
-from mae.data.transforms import collate_labeled, normalize, resized_crop
+from mae.data.transforms import collate_labeled
 from mae.errors import CheckpointError
-from mae.run_folder import ANOMALY_METRICS, MAPS, MOST_ANOMALOUS, ROC, SCORES, run_config
+from mae.run_folder import run_config
+from mae.stages.anomaly_io import Writer, ground_truth, input_transform, samples
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import open_accelerator
 from mae.train.checkpoint import check_output_dir
@@ -45,31 +44,95 @@ from mae.train.features import predict
 from mae.train.loaders import eval_loader, prepare_eval
 from mae.weights.importers import load_noting_decoder
 
+__all__ = ["Choice", "choose", "input_transform", "run_anomaly"]
+
 # The columns each --score writes, in order (the first is the one metrics.json's auroc/aupr and roc.png judge).
 SCORE_COLUMNS = {"recon": ("recon",), "knn": ("knn",), "gaussian": ("gaussian",), "both": ("recon", "knn"),
                  "all": ("recon", "knn", "gaussian")}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The score a run uses and why: `--score` as given, or, with none, what suits what is known."""
+
+    score: str
+    features: str
+    train_path: str | None  # the normal training images, where known
+    why: str
+    auto: bool
+
+    def line(self) -> str:
+        what = "a Gaussian per patch position" if self.features == "positions" and self.score == "gaussian" else None
+        name = f"--score {self.score}" + (f" --features {self.features}" if self.score != "recon" else "")
+        return f"anomaly: scoring by {name}" + (f" ({what})" if what else "") + f": {self.why}"
+
+
+def choose(cfg: AnomalyConfig) -> Choice:
+    """With --score: it (features: --features, else masked). Without: where the normal training images are known
+    (--train_path, or the run's recorded data.path, found here), a Gaussian per patch position, which measured best
+    wherever the scores were compared (docs/anomaly.md); otherwise the reconstruction maps."""
+    recorded = ((run_config(cfg.pretrained) or {}).get("data") or {}).get("path") if cfg.pretrained else None
+    train = cfg.train_path or recorded
+    if cfg.score is not None:
+        return Choice(cfg.score, cfg.features or "masked", train, "as given", auto=False)
+    if cfg.train_path:
+        why = f"the normal training images are given (--train_path {cfg.train_path})"
+        return Choice("gaussian", cfg.features or "positions", train, why, auto=True)
+    if recorded and (str(recorded).startswith("hf:") or Path(recorded).exists()):
+        why = f"the run records its normal training images ({recorded})"
+        return Choice("gaussian", cfg.features or "positions", train, why, auto=True)
+    known = f"the run's recorded data.path {recorded} is not found here" if recorded else "none are known"
+    why = f"no normal training images ({known}); give --train_path for a Gaussian per patch position"
+    return Choice("recon", cfg.features or "masked", None, why, auto=True)
+
+
 @register_stage("anomaly", AnomalyConfig, "Anomaly maps and scores: reconstruction error, or feature distance.")
 def run_anomaly(cfg: AnomalyConfig) -> StageResult:
     """Score every image of --data.path; write scores, maps, figures and (with known normals) AUROC / AUPR."""
+    choice = choose(cfg)
+    cfg = replace(cfg, score=choice.score, features=choice.features)  # resolved: what runs, and what is written
     columns = SCORE_COLUMNS[cfg.score]
-    recon, features = "recon" in columns, any(c != "recon" for c in columns)
     if cfg.features == "positions" and "knn" in columns:
         raise ConfigError(f"--features positions: a Gaussian per patch position, for --score gaussian; with --score "
                           f"{cfg.score} (k-NN) give --features full or masked")  # fmt: skip
-    model, mean, std = open_model(cfg)
+    model, mean, std = open_model(cfg, choice)
     source = open_source(cfg.data.path, labeled=None, image_column=cfg.data.image_column,
                          label_column=cfg.data.label_column)  # fmt: skip
     normal = normal_class(cfg, source)
-    train = open_train(cfg) if features else None
+    train = open_train(cfg, choice) if any(c != "recon" for c in columns) else None
     check_output_dir(cfg)
     accelerator = open_accelerator(cfg)
+    accelerator.print(choice.line())
     model.to(accelerator.device)
-    size = tuple(model.img_size)
+    reading = (tuple(model.img_size), mean, std, model.in_chans)
+    maps, scores, positions = score_images(cfg, model, accelerator, source, train, reading)
+    anomalous = None if normal is None else source.labels[positions] != normal
+    metrics = judge(scores, anomalous, len(source) - len(positions))
+    out_dir = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        writer = Writer(cfg, source, positions, reading)
+        writer.scores(scores, anomalous)
+        if maps is not None:
+            gt = ground_truth(source, positions, reading[0], cfg.mask_path)
+            if gt is not None:
+                metrics.update(pixel_auroc=auroc(maps[gt[0]].numpy(), gt[1]), pixel_pro=pro_auc(maps[gt[0]], gt[1]),
+                               pixel_images=int(len(gt[0])))  # fmt: skip
+            writer.maps(maps, scores[columns[0]])
+        writer.metrics({**metrics, "choice": choice.why}, scores, anomalous)
+        summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "auroc" in k or "aupr" in k or "pro" in k)
+        accelerator.print(f"anomaly: {len(positions)} images scored in {out_dir}" + (f"; {summary}" if summary else ""))
+    accelerator.end_training()
+    return StageResult(out_dir, {**metrics, "score": cfg.score, "features": cfg.features, "choice": choice.why})
+
+
+def score_images(cfg: AnomalyConfig, model: nn.Module, accelerator: Any, source: Any, train: Any, reading: tuple):
+    """(maps [N, H, W] or None, {column: scores [N]}, positions [N] of the rows in `source`): one evaluation pass
+    over the images, and with a feature score one over the training images."""
+    columns = SCORE_COLUMNS[cfg.score]
+    recon, features = "recon" in columns, any(c != "recon" for c in columns)
+    size = reading[0]
     net = ImageOutputs(model, maps=recon, features=features, cfg=cfg)
-    out, positions = predict(net, prepare_eval(accelerator, loader(source, cfg, size, mean, std, model.in_chans)),
-                             accelerator)  # fmt: skip
+    out, positions = predict(net, prepare_eval(accelerator, loader(source, cfg, *reading)), accelerator)
     pixels = size[0] * size[1]
     maps = out[:, :pixels].view(-1, *size) if recon else None
     scores = {}
@@ -77,8 +140,7 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
         scores["recon"] = aggregate(maps, cfg.aggregate, cfg.top_percent)
     if features:
         net = ImageOutputs(model, maps=False, features=True, cfg=cfg)
-        bank, _ = predict(net, prepare_eval(accelerator, loader(train, cfg, size, mean, std, model.in_chans)),
-                          accelerator)  # fmt: skip
+        bank, _ = predict(net, prepare_eval(accelerator, loader(train, cfg, *reading)), accelerator)
         query = out[:, pixels if recon else 0 :]
         if "knn" in columns:
             scores["knn"] = knn_distance(bank, query, cfg.k)
@@ -86,30 +148,14 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
             shape = (model.num_patches, -1)  # the rows: each position's tokens, flattened
             distances = position_distance(bank.view(len(bank), *shape), query.view(len(query), *shape), cfg.shrinkage)
             scores["gaussian"] = distances.mean(1)
-            if not recon:  # the map of the one score: each patch's distance
-                maps = position_maps(distances, model)
+            if not recon:  # the map of the one score: the patches' distances, upsampled
+                maps = position_maps(distances, model, cfg.blur)
         elif "gaussian" in columns:
             scores["gaussian"] = gaussian_distance(bank, query, cfg.shrinkage)
-    positions = positions.numpy()
-    anomalous = None if normal is None else source.labels[positions] != normal
-    metrics = judge(scores, anomalous, len(source) - len(positions))
-    out_dir = Path(cfg.output_dir)
-    if accelerator.is_main_process:
-        writer = Writer(cfg, source, positions, (size, mean, std, model.in_chans))
-        writer.scores(scores, anomalous)
-        if maps is not None:
-            gt = ground_truth(source, positions, size)
-            if gt is not None:
-                metrics.update(pixel_auroc=auroc(maps[gt[0]].numpy(), gt[1]), pixel_images=int(len(gt[0])))
-            writer.maps(maps, scores["recon" if recon else "gaussian"])
-        writer.metrics(metrics, scores, anomalous)
-        summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "auroc" in k or "aupr" in k)
-        accelerator.print(f"anomaly: {len(positions)} images scored in {out_dir}" + (f"; {summary}" if summary else ""))
-    accelerator.end_training()
-    return StageResult(out_dir, metrics)
+    return maps, {k: scores[k] for k in columns}, positions.numpy()
 
 
-def open_model(cfg: AnomalyConfig):
+def open_model(cfg: AnomalyConfig, choice: Choice):
     """(the MAE, with its trained decoder where a score needs it, mean, std): statistics from --data.mean/std, else
     the model record's (`ModelSpec.input_stats`: recorded, or ImageNet's for 3 channels)."""
     if not cfg.pretrained:
@@ -123,6 +169,11 @@ def open_model(cfg: AnomalyConfig):
     try:
         model = load_with_decoder(cfg.pretrained) if recon else load_noting_decoder(cfg.pretrained)[0]
     except CheckpointError as e:
+        if NEEDS_DECODER in str(e) and choice.auto:
+            raise ConfigError(
+                f"--pretrained {cfg.pretrained} {NEEDS_DECODER}, or --train_path (the normal training images; "
+                f"the default then scores by a Gaussian per patch position from the encoder alone)"
+            ) from None
         if NEEDS_DECODER in str(e):
             raise ConfigError(
                 f"--pretrained {cfg.pretrained} {NEEDS_DECODER}, or use --score knn or gaussian (the encoder alone) "
@@ -157,43 +208,14 @@ def normal_class(cfg: AnomalyConfig, source: Any) -> int | None:
     return next((classes.index(n) for n in ("normal", "good") if n in classes), None)
 
 
-def open_train(cfg: AnomalyConfig) -> Any:
+def open_train(cfg: AnomalyConfig, choice: Choice) -> Any:
     """The normal training images the feature scores compare with: --train_path, or the run's."""
-    path = cfg.train_path or ((run_config(cfg.pretrained) or {}).get("data") or {}).get("path")
-    if not path:
+    if not choice.train_path:
         raise ConfigError(
             f"--train_path: required with --score {cfg.score}: the run at {cfg.pretrained} records no data.path; "
             "give the normal training images"
         )
-    return open_source(path, labeled=False, option="--train_path")
-
-
-class Positions(Subset):
-    """Every row of a source, labeled by its own position: `predict` hands the positions back beside the outputs,
-    so each result finds its file whatever was unreadable and whatever the processes."""
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-        self.indices = self.labels = np.arange(len(source))
-        self.classes = []
-
-
-def input_transform(size: tuple[int, int], mean: tuple, std: tuple):
-    """An image (PIL, or a float tensor [C, H, W] in [0, 1]) resized whole to the model's `size` (no crop, so a
-    map lies over the whole image) and normalised."""
-    from torchvision.transforms.v2 import functional as F
-
-    def transform(img: Any) -> torch.Tensor:
-        x = img if isinstance(img, torch.Tensor) else F.pil_to_tensor(img)
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        x = resized_crop(x, 0, 0, x.shape[-2], x.shape[-1], size)
-        return normalize(x[None], mean, std)[0]
-
-    return transform
-
-
-def samples(source: Any, size: tuple[int, int], mean: tuple, std: tuple, in_chans: int) -> LabeledSamples:
-    return LabeledSamples(Positions(source), input_transform(size, mean, std), in_chans=in_chans)
+    return open_source(choice.train_path, labeled=False, option="--train_path")
 
 
 def loader(source: Any, cfg: AnomalyConfig, size: tuple[int, int], mean: tuple, std: tuple, in_chans: int):
@@ -239,119 +261,3 @@ def judge(scores: dict[str, torch.Tensor], anomalous: np.ndarray | None, unreada
             metrics.update(auroc=a, aupr=p)
         metrics.update({f"{name}_auroc": a, f"{name}_aupr": p})
     return metrics
-
-
-def ground_truth(source: Any, positions: np.ndarray, size: tuple[int, int]):
-    """(rows, masks [M, H, W] bool) from MVTec AD's layout, `ground_truth/<defect>/<name>_mask.png` beside
-    `test/<defect>/<name>.png`, resized as the images are: rows with a mask file, and the normal rows
-    (class good/normal: all zero). None where no mask file exists."""
-    from PIL import Image
-
-    classes = list(getattr(source, "classes", None) or [])
-    rows, masks, found = [], [], False
-    for row, pos in enumerate(positions):
-        path = Path(source.name(int(pos)))
-        file = path.parent.parent.parent / "ground_truth" / path.parent.name / f"{path.stem}_mask.png"
-        if file.is_file():
-            found = True
-            m = torch.from_numpy(np.asarray(Image.open(file).convert("L"), dtype=np.float32))[None, None]
-            masks.append(torch.nn.functional.interpolate(m, size=list(size), mode="nearest")[0, 0] > 127)
-            rows.append(row)
-        elif classes and classes[source.labels[pos]] in ("good", "normal"):
-            masks.append(torch.zeros(size, dtype=torch.bool))
-            rows.append(row)
-    return (torch.tensor(rows), torch.stack(masks).numpy()) if found else None
-
-
-def map_name(name: str, root: Any) -> str:
-    """A file name for an image's map: its path below --data.path (or its source name), without extension,
-    folders joined by `__`."""
-    if isinstance(root, str) and root and name.startswith(str(Path(root))):  # not a datasets.Dataset object
-        name = name[len(str(Path(root))) :].lstrip("/")
-    stem = re.sub(r"\.[A-Za-z0-9]+$", "", name)
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace("/", "__")).strip("_") or "image"
-
-
-class Writer:
-    """What the main process writes: scores.csv, metrics.json, roc.png, maps/, most_anomalous.png."""
-
-    def __init__(self, cfg: AnomalyConfig, source: Any, positions: np.ndarray, reading: tuple) -> None:
-        self.cfg, self.source, self.positions = cfg, source, positions
-        self.out = Path(cfg.output_dir)
-        self.names = [source.name(int(p)) for p in positions]
-        self.reading = reading  # (size, mean, std, in_chans): how the images are read again for figures
-
-    def scores(self, scores: dict[str, torch.Tensor], anomalous: np.ndarray | None) -> None:
-        ranks = {k: _ranks(v) for k, v in scores.items()}
-        single = len(scores) == 1
-        header = ["file"] + [c for k in scores for c in (["score", "rank"] if single else [f"{k}_score", f"{k}_rank"])]
-        classes = list(getattr(self.source, "classes", None) or [])
-        header += (["class"] if classes else []) + (["anomalous"] if anomalous is not None else [])
-        first = next(iter(ranks.values()))
-        with (self.out / SCORES).open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            for row in np.argsort(first, kind="stable"):
-                cells = [self.names[row]]
-                for k, s in scores.items():
-                    cells += [f"{s[row].item():.6g}", int(ranks[k][row])]
-                cells += [classes[self.source.labels[self.positions[row]]]] if classes else []
-                cells += [int(anomalous[row])] if anomalous is not None else []
-                w.writerow(cells)
-
-    def metrics(self, metrics: dict[str, Any], scores: dict[str, torch.Tensor], anomalous: np.ndarray | None) -> None:
-        cfg = self.cfg
-        settings = {"score": cfg.score, "masks": cfg.masks, "aggregate": cfg.aggregate, "top_percent": cfg.top_percent,
-                    "k": cfg.k, "shrinkage": cfg.shrinkage, "features": cfg.features, "seed": cfg.seed}  # fmt: skip
-        (self.out / ANOMALY_METRICS).write_text(json.dumps({**metrics, **settings}, indent=1))
-        if anomalous is not None and "auroc" in metrics:
-            from mae.figures import roc_figure
-
-            name, s = next(iter(scores.items()))
-            fpr, tpr = roc_curve(s.numpy(), anomalous)
-            roc_figure(fpr, tpr, self.out / ROC, f"{name}: AUROC {metrics['auroc']:.3f}, AUPR {metrics['aupr']:.3f}")
-
-    def images(self, rows) -> torch.Tensor:
-        """The images at `rows`, read again as the model saw them, as RGB in [0, 1] [n, 3, H, W]."""
-        from mae.data.transforms import denormalize
-        from mae.figures import as_rgb
-
-        size, mean, std, in_chans = self.reading
-        ds = samples(self.source, size, mean, std, in_chans)
-        x = torch.stack([ds[int(self.positions[r])]["image"] for r in rows])
-        return as_rgb(denormalize(x, mean, std))
-
-    def maps(self, maps: torch.Tensor, scores: torch.Tensor) -> None:
-        """maps/<name>.npy and .png (on one scale for all: the 99.9th percentile of every map's pixels), and the
-        most anomalous images with their maps."""
-        from torchvision.utils import make_grid
-
-        from mae.figures import enlarge, heat_colour, heat_overlay, save_grid
-
-        sample = maps.flatten()[torch.randperm(maps.numel(), generator=torch.Generator().manual_seed(0))[: 10**6]]
-        top = sample.quantile(0.999).clamp_min(1e-12)
-        heat = (maps / top).clamp(0, 1).unsqueeze(1)  # [N, 1, H, W]
-        if self.cfg.save_maps:
-            folder = self.out / MAPS
-            folder.mkdir(parents=True, exist_ok=True)
-            for start in range(0, len(maps), 256):
-                rows = range(start, min(start + 256, len(maps)))
-                overlays = heat_overlay(self.images(rows), heat[start : rows.stop])
-                for r, overlay in zip(rows, overlays, strict=True):
-                    name = map_name(self.names[r], self.cfg.data.path)
-                    np.save(folder / f"{name}.npy", maps[r].numpy())
-                    save_grid(overlay, folder / f"{name}.png")
-        worst = torch.argsort(scores, descending=True, stable=True)[: self.cfg.figure_images].tolist()
-        original = self.images(worst)
-        rows = torch.stack([original, heat_overlay(original, heat[worst]), heat_colour(heat[worst])], 1)
-        # small images (28-px) enlarged to at least 128 px a side, as in the reconstruction previews
-        figure = make_grid(enlarge(rows.flatten(0, 1)), nrow=3, padding=2, pad_value=1.0)
-        save_grid(figure, self.out / MOST_ANOMALOUS)
-
-
-def _ranks(scores: torch.Tensor) -> np.ndarray:
-    """1 = the highest score (ties in file order)."""
-    order = torch.argsort(scores, descending=True, stable=True).numpy()
-    ranks = np.empty(len(order), dtype=np.int64)
-    ranks[order] = np.arange(1, len(order) + 1)
-    return ranks

@@ -17,7 +17,14 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import mae
-from mae.anomaly_maps import encoder_features, gaussian_distance, load_with_decoder, patch_tokens, position_distance
+from mae.anomaly_maps import (
+    encoder_features,
+    gaussian_distance,
+    load_with_decoder,
+    patch_tokens,
+    position_distance,
+    position_maps,
+)
 from mae.api import run as api_run
 from mae.cli import main
 from mae.config import IMAGENET_MEAN, IMAGENET_STD
@@ -112,9 +119,9 @@ def silent(tmp_path, in_chans, img_size):
 
 
 def test_position_maps_find_a_noise_square(tmp_path, trained, mvtec):
-    """--score gaussian --features positions: without reconstruction, each patch's distance to its position's
-    Gaussian is the map (one value per 8-px patch, at the input's size); its highest patch overlaps the noise
-    square, image and pixel AUROC are reported, and most_anomalous.png shows the maps."""
+    """--score gaussian --features positions: without reconstruction, the patches' distances to their positions'
+    Gaussians, upsampled to the input's size, are the map; its highest 8-px block overlaps the noise square, image
+    and pixel AUROC and PRO are reported, and most_anomalous.png shows the maps."""
     root, boxes = mvtec
     train = tmp_path / "train"
     train.mkdir()
@@ -125,12 +132,13 @@ def test_position_maps_find_a_noise_square(tmp_path, trained, mvtec):
     assert run("--pretrained", trained, "--data.path", root / "test", "--output_dir", out, *args) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["features"] == "positions" and metrics["pixel_images"] == 40
-    assert metrics["auroc"] > 0.95 and metrics["pixel_auroc"] > 0.8, metrics
+    assert metrics["auroc"] > 0.95 and metrics["pixel_auroc"] > 0.8 and metrics["pixel_pro"] > 0.5, metrics
     overlaps = 0
     for name, (top, left) in boxes.items():
         m = np.load(out / "maps" / f"{name}.npy")
-        assert m.shape == (32, 32) and (m.reshape(4, 8, 4, 8) == m[::8, ::8][:, None, :, None]).all()  # per patch
-        r, c = (int(i) * 8 for i in np.unravel_index(m[::8, ::8].argmax(), (4, 4)))  # its highest patch's corner
+        assert m.shape == (32, 32)
+        blocks = m.reshape(4, 8, 4, 8).mean((1, 3))
+        r, c = (int(i) * 8 for i in np.unravel_index(blocks.argmax(), (4, 4)))  # its highest block's corner
         overlaps += r < top + 9 and top < r + 8 and c < left + 9 and left < c + 8
     assert overlaps >= 0.9 * len(boxes), overlaps
     assert (out / "most_anomalous.png").is_file() and (out / "maps" / "good__000.png").is_file()
@@ -161,8 +169,8 @@ def test_maps_are_aligned_with_non_square_inputs(tmp_path, in_chans):
 
 
 def test_position_maps_of_non_square_13_channel_images(tmp_path):
-    """--features positions on a model of 24 x 40 px and 13 channels: a map per image at the model's size, one
-    value per 8-px patch (3 x 5), each the image's distance at that position; its mean is the score."""
+    """--features positions on a model of 24 x 40 px and 13 channels: a map per image at the model's size, the
+    image's distances at its 3 x 5 patch positions upsampled (`position_maps`), whose mean is the score."""
     weights = silent(tmp_path, 13, (24, 40))
     data = tmp_path / "data"
     data.mkdir()
@@ -175,10 +183,16 @@ def test_position_maps_of_non_square_13_channel_images(tmp_path):
     assert run("--pretrained", weights, "--data.path", data, "--output_dir", out, *stats, *args) == 0
     rows = {r["file"]: float(r["score"]) for r in csv.DictReader((out / "scores.csv").open())}
     assert len(rows) == 12
-    for name, score in rows.items():
-        m = np.load(out / "maps" / f"{Path(name).stem}.npy")
-        assert m.shape == (24, 40) and (m.reshape(3, 8, 5, 8) == m[::8, ::8][:, None, :, None]).all()
-        assert m[::8, ::8].mean() == pytest.approx(score, rel=1e-4)
+    model = mae.load_pretrained(weights).eval()
+    files = sorted(data.iterdir())
+    x = normalize(torch.stack([torch.from_numpy(np.load(f)).permute(2, 0, 1) for f in files]), [0.5] * 13, [0.3] * 13)
+    distances = position_distance(patch_tokens(model, x), patch_tokens(model, x), 0.1)
+    expected = position_maps(distances, model)
+    for i, f in enumerate(files):
+        m = np.load(out / "maps" / f"{f.stem}.npy")
+        assert m.shape == (24, 40)
+        np.testing.assert_allclose(m, expected[i].numpy(), rtol=1e-3, atol=1e-4)
+        assert rows[str(f)] == pytest.approx(float(distances[i].mean()), rel=1e-4)
 
 
 @pytest.mark.parametrize("features", ["full", "positions"])
