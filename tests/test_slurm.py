@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_images
+from tests.launch import free_port
 from tests.train.test_multinode import ENV, RUN_S, pretrain_args, run_together
-from tests.train.test_pretrain import free_port, metrics
+from tests.train.test_pretrain import metrics
 
 pytestmark = pytest.mark.slow
 

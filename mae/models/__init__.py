@@ -1,4 +1,4 @@
-from mae.models.decoder import check_decoder, list_decoders, register_decoder
+from mae.models.decoder import check_decoder, list_decoders, register_decoder, unregister_decoder
 from mae.models.encoder import EncoderAdapter, EncoderSpec, encoder_adapter
 from mae.models.mae import MAEOutput, MaskedAutoencoder
 from mae.models.masking import Masking, random_masking
@@ -20,4 +20,5 @@ __all__ = [
     "random_masking",
     "register_decoder",
     "unpatchify",
+    "unregister_decoder",
 ]

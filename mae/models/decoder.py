@@ -41,6 +41,11 @@ def register_decoder(name: str) -> Callable[[D], D]:
     return add
 
 
+def unregister_decoder(name: str) -> None:
+    """Forget the decoder registered as `name` (a plug-in's tests register their own and remove them after)."""
+    _DECODERS.unregister(name)
+
+
 def list_decoders() -> list[str]:
     """The registered decoder names."""
     return sorted(_DECODERS.names())

@@ -67,6 +67,11 @@ def register_mask(name: str) -> Callable[[MaskGenerator], MaskGenerator]:
     return add
 
 
+def unregister_mask(name: str) -> None:
+    """Forget the generator registered as `name` (a plug-in's tests register their own and remove them after)."""
+    _MASKS.unregister(name)
+
+
 def list_masks() -> list[str]:
     return sorted(_MASKS.names())
 

@@ -167,6 +167,7 @@ class _Run:
                     "take part in the step (the others wait on it); fix or remove the unreadable files warned above"
                 )
             batch = self.last_readable
+            self.window.reruns += 1
         with acc.accumulate(self.task.model):
             if readable or acc.num_processes > 1:
                 loss = self.task.forward(batch)["loss"]

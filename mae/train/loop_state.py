@@ -25,6 +25,7 @@ class LoopState:
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     nonfinite_steps: int = 0  # optimizer steps skipped for non-finite gradients (a non-finite loss), in total
     bad_files: list[str] = field(default_factory=list)  # files that failed to decode (as of the last log line)
+    rerun_batches: int = 0  # batches with no readable image, rerun from the previous one for no gradient (in total)
 
 
 class Skips:
@@ -77,6 +78,7 @@ class Window:
         self.loss_sum = torch.zeros((), device=accelerator.device)
         self.count = torch.zeros((), device=accelerator.device)
         self.images = 0
+        self.reruns = 0  # batches of this process rerun for no gradient since the last flush
         self.wait = 0.0  # seconds spent waiting for batches
         self.bad: list[tuple[str, str]] = []  # (file, reason) met on this process since the last flush
         self.start = time.perf_counter()
@@ -90,8 +92,12 @@ class Window:
 
     def flush(self, state: LoopState, lr: float, steps_per_epoch: int) -> dict[str, Any]:
         acc = self.accelerator
-        loss = acc.reduce(self.loss_sum / self.count, "mean").item()  # 0 / 0: NaN, logged as null
-        images = total(acc, self.images)
+        # the mean over every process's finite losses (a process that only reran a batch has none); 0 / 0 when no
+        # process has one: NaN, logged as null
+        loss_sum, count = acc.reduce(torch.stack([self.loss_sum, self.count]), "sum")
+        loss = (loss_sum / count).item()
+        images, reruns = totals(acc, self.images, self.reruns)
+        state.rerun_batches += reruns
         report_bad_files(acc, self.bad, state.bad_files)
         elapsed = time.perf_counter() - self.start
         wait = self.wait / elapsed if elapsed > 0 else 0.0
@@ -105,12 +111,14 @@ class Window:
             "img_per_s": images / elapsed if elapsed > 0 else 0.0,
             "nonfinite_steps": state.nonfinite_steps,
             "skipped_files": len(state.bad_files),
+            "rerun_batches": state.rerun_batches,
             "data_wait": round(wait, 4),
         }
         self.wait = 0.0
         self.loss_sum.zero_()
         self.count.zero_()
         self.images = 0
+        self.reruns = 0
         self.bad = []
         self.start = time.perf_counter()
         return record
@@ -166,3 +174,11 @@ def total(accelerator: Accelerator, value: int) -> int:
     if accelerator.num_processes == 1:
         return int(value)
     return int(accelerator.reduce(torch.tensor(value, device=accelerator.device), "sum").item())
+
+
+def totals(accelerator: Accelerator, *values: int) -> list[int]:
+    """Sum several per-process counts over processes, in one collective."""
+    if accelerator.num_processes == 1:
+        return [int(v) for v in values]
+    summed = accelerator.reduce(torch.tensor(values, device=accelerator.device), "sum")
+    return [int(v) for v in summed.tolist()]

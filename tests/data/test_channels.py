@@ -127,10 +127,14 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
     )
     if channels > 3:  # the downstream stages read the same files and use the encoder's statistics
         evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-        # 24 labeled images, 20% of them (5) query the rest: top-1 is a count of 5, in percent
-        assert len(evals) == 2 and all(e["knn_top1"] in (0.0, 20.0, 40.0, 60.0, 80.0, 100.0) for e in evals), evals
+        # 24 labeled images, 20% of them (5) query the rest; the bright band sets the class, which even an
+        # encoder one epoch old tells apart
+        assert len(evals) == 2 and all(e["knn_top1"] >= 80.0 for e in evals), evals
         assert main(["visualize", "--checkpoint", str(out), "--images", str(image), "--bands", "[0, 5, 12]",
                      "--output", str(tmp_path / "bands.png")]) == 0  # fmt: skip
+        shown, banded = (np.asarray(Image.open(tmp_path / f)) for f in ("v.png", "bands.png"))
+        assert shown.shape == banded.shape and shown.shape[-1] == 3  # an RGB grid of the same layout ...
+        assert not np.array_equal(shown, banded)  # ... showing other bands ([3, 2, 1] by default)
         common = ["--pretrained", str(out), "--data.path", str(labeled), "--loop.batch_size", "8",
                   "--data.num_workers", "0", "--loop.mixed_precision", "no"]  # fmt: skip
         quiet = ["--loop.progress", "false"]
@@ -138,8 +142,18 @@ def test_pretrain_resume_export_with_any_channel_count(tmp_path, channels, kind)
                              ("knn", [])):  # fmt: skip
             AcceleratorState._reset_state(True)
             assert main([stage, *common, *extra, "--output_dir", str(tmp_path / stage)]) == 0, stage
-        meta = safe_open(str(tmp_path / "finetune" / "classifier.safetensors"), "pt").metadata()
-        assert json.loads(meta["pretrained_cfg"])["input_size"] == [channels, H, W]
+        results = {
+            stage: [json.loads(x) for x in (tmp_path / stage / "metrics.jsonl").read_text().splitlines()][-1]
+            for stage in ("linprobe", "finetune", "knn")
+        }
+        assert {r["samples"] for r in results.values()} == {2}, results  # 10% of the 24 images held out
+        assert results["knn"]["top1"] == 100.0, results  # the encoder's measured statistics are used
+        for stage in ("linprobe", "finetune"):
+            weights = load_file(tmp_path / stage / "classifier.safetensors")
+            assert weights["patch_embed.proj.weight"].shape[1] == channels and weights["head.weight"].shape[0] == 2
+            meta = safe_open(str(tmp_path / stage / "classifier.safetensors"), "pt").metadata()
+            assert json.loads(meta["pretrained_cfg"])["input_size"] == [channels, H, W]
+            assert json.loads(meta["pretrained_cfg"])["mean"] == data_config["mean"], stage
 
 
 def test_rgb_weights_adapt_to_other_channel_counts(tmp_path):

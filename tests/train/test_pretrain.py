@@ -18,6 +18,7 @@ import mae
 from mae.cli import main
 from mae.models.masking import list_masks
 from tests.conftest import make_images, make_labeled
+from tests.launch import run_on_a_free_port
 
 FAST = [
     "--model.name",
@@ -404,7 +405,7 @@ TIMM_VITS = {
 
 
 @pytest.mark.parametrize("arch", sorted(TIMM_VITS))
-def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
+def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch, capsys):
     make_images(tmp_path / "imgs", n=16)
     out = tmp_path / "run"
     small = ["--model.depth", 2, "--model.decoder_embed_dim", 64, "--model.decoder_depth", 1,
@@ -413,7 +414,11 @@ def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
     assert run(*args, "--loop.epochs", 2, "--output_dir", out) == 0
     losses = [m["loss"] for m in metrics(out)]
     assert len(losses) == 4 and all(0 < x < 10 for x in losses)  # finite, and a normalized-pixel loss's size
+    capsys.readouterr()
     assert run(*args, "--loop.epochs", 3, "--output_dir", out) == 0  # resumes, one more epoch
+    assert f"resuming from {out / 'checkpoints' / 'step_00000004'} (step 4, epoch 2)" in capsys.readouterr().out
+    resumed = metrics(out)
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6] and [m["loss"] for m in resumed[:4]] == losses
     path = out / "encoder.safetensors"
     meta = safe_open(str(path), "pt").metadata()
     assert meta["architecture"] == arch
@@ -432,6 +437,17 @@ def test_a_timm_vit_with_register_tokens_pretrains_and_exports(tmp_path, arch):
         assert main([stage, "--pretrained", str(out), "--data.path", str(labeled), "--loop.epochs", "1",
                      "--loop.batch_size", "8", "--data.num_workers", "0", "--loop.progress", "false",
                      "--output_dir", str(tmp_path / stage)]) == 0  # fmt: skip
+    # each stage evaluated the same held-out images and exported a 3-class timm classifier of the same ViT
+    held_out = {metrics(tmp_path / s, eval_lines=True)[-1]["samples"] for s in ("linprobe", "finetune")}
+    assert len(held_out) == 1 and held_out.pop() > 0
+    encoder = load_file(path)
+    for stage in ("linprobe", "finetune"):
+        weights = load_file(tmp_path / stage / "classifier.safetensors")
+        shared = set(encoder) & set(weights)
+        assert {"head.weight", "head.bias"} <= set(weights) - shared and "blocks.1.mlp.fc2.weight" in shared, stage
+        assert weights["head.weight"].shape == (3, vit.embed_dim), stage
+        frozen = all(torch.equal(encoder[k], weights[k]) for k in shared)
+        assert frozen == (stage == "linprobe"), stage  # the probe never touches the encoder; fine-tuning trains it
 
 
 def test_mlp_ratios_reach_the_model_the_export_and_the_downstream_stages(tmp_path):
@@ -487,14 +503,6 @@ def test_no_host_sync_between_log_lines(tmp_path, monkeypatch):
     assert all(not syncs for syncs in between[:2]), between[:2]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accelerate_launch_matches_torchrun(tmp_path):
     """The README's launcher for many GPUs and nodes, here two CPU processes from a config file: the same
@@ -511,13 +519,14 @@ def test_accelerate_launch_matches_torchrun(tmp_path):
     args = ["pretrain", *FAST, "--data.path", str(tmp_path / "imgs"), "--loop.epochs", "2", "--loop.batch_size", "4"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # CPU processes, GPU or not
     launchers = {
-        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                       "--main_process_port", str(free_port())],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+        "accelerate": lambda port: [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                                    "--main_process_port", str(port)],
+        "torchrun": lambda port: [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc_per_node", "2"],  # binds a free port itself
     }  # fmt: skip
     for name, launcher in launchers.items():
-        proc = subprocess.run([*launcher, "-m", "mae", *args, "--output_dir", str(tmp_path / name)], env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        out = ["-m", "mae", *args, "--output_dir", str(tmp_path / name)]
+        proc = run_on_a_free_port(lambda port, ln=launcher, out=out: [*ln(port), *out], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "2 process(es)" in proc.stdout + proc.stderr
     a, b = (load_file(tmp_path / name / "encoder.safetensors") for name in launchers)

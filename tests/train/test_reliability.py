@@ -1,7 +1,9 @@
 """Faults users meet on long runs: kills, preemption signals, corrupt files, full disks."""
 
 import errno
+import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -168,14 +170,17 @@ def test_a_corpus_with_no_readable_image_ends_the_run(tmp_path, stage, capsys):
     assert "no image" in err[-1] and "could be read: every file was skipped as unreadable" in err[-1], err[-1]
 
 
+@pytest.mark.timeout(2 * 300 + 120)  # two launches of up to 300 s each and a k-NN in this process
 def test_two_processes_get_through_a_corrupt_corpus(tmp_path):
     """Several processes meet unreadable files apart: a batch with none readable on one process (pretraining
     with half the files bad, two a batch) and evaluation batches of unequal sizes (k-NN) must neither break
     the collectives nor count a sample twice; k-NN gives what one process gives."""
     rng = np.random.default_rng(0)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
     for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / f"g{i}.png")
-        (tmp_path / f"b{i}.png").write_bytes(b"not a png")
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(mixed / f"g{i}.png")
+        (mixed / f"b{i}.png").write_bytes(b"not a png")
     labeled = tmp_path / "lab"
     for name in ("a", "b"):
         make_images(labeled / name, n=10, nested=False, seed=ord(name))
@@ -188,7 +193,7 @@ def test_two_processes_get_through_a_corrupt_corpus(tmp_path):
         *FAST,
         *common,
         "--data.path",
-        str(tmp_path),
+        str(mixed),
         "--loop.batch_size",
         "2",
         "--loop.epochs",
@@ -202,6 +207,16 @@ def test_two_processes_get_through_a_corrupt_corpus(tmp_path):
             env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
+    # the batches with no readable image were rerun for no gradient, counted over both processes
+    logged = [json.loads(x) for x in (tmp_path / "pre" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if "img_per_s" in r]
+    assert steps[-1]["step"] == 8 and steps[-1]["skipped_files"] == 8, steps
+    # logged every step: a step where one process reran logs the other's loss; where both did, none (null), and
+    # the zero gradient is not counted as a non-finite one
+    counts = [0] + [r["rerun_batches"] for r in steps]
+    added = [after - before for before, after in itertools.pairwise(counts)]
+    assert 1 in added and all((r["loss"] is None) == (n == 2) for r, n in zip(steps, added, strict=True)), steps
+    assert all(math.isfinite(r["loss"]) for r in steps if r["loss"] is not None) and steps[-1]["nonfinite_steps"] == 0
     AcceleratorState._reset_state(True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -368,6 +383,7 @@ def test_resume_from_a_named_checkpoint_and_checkpoints_are_pruned(tmp_path, ref
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * 300 + 60)  # three launches of up to 300 s each, beyond the suite's 600 s per test
 def test_sigterm_to_one_of_two_processes_stops_both_with_a_checkpoint_then_resumes(tmp_path):
     make_images(tmp_path / "imgs", n=16)
     args = ["pretrain", *FAST, "--data.path", str(tmp_path / "imgs"), "--data.num_workers", "0", "--loop.epochs", "3",
