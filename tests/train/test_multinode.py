@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import make_images
-from tests.train.test_pretrain import FAST, free_port, metrics, run
+from tests.launch import free_port
+from tests.train.test_pretrain import FAST, metrics, run
 
 pytestmark = pytest.mark.slow
 
