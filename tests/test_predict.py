@@ -66,8 +66,13 @@ def test_predict_files_to_json_and_csv(tmp_path, classifier, capsys):
     # the same images through the Python API and a folder in --images, printed
     result = mae.predict(pretrained=str(classifier), images=[str(tmp_path / "imgs")], data={"num_workers": 0})
     assert result.metrics["images"] == 6
-    printed = capsys.readouterr().out.strip().splitlines()
-    assert [line.split("\t")[1] for line in printed[-6:]] == [r["class"] for r in rows]
+    printed = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()[-6:]]
+    assert [line[1] for line in printed] == [r["class"] for r in rows]
+    # printed, as written: each of the top-k classes (--top_k 2 of 3) with its probability after the file
+    assert main(["predict", "--pretrained", str(classifier), "--images", files[0], "--top_k", "2",
+                 "--data.num_workers", "0"]) == 0  # fmt: skip
+    line = capsys.readouterr().out.strip().splitlines()[-1].split("\t")
+    assert len(line) == 5 and line[0] == files[0] and [line[1], line[3]] == [t["class"] for t in rows[0]["top_k"][:2]]
 
 
 def test_an_encoder_export_given_to_predict_is_one_line(tmp_path, capsys):

@@ -83,7 +83,8 @@ class PrecisionLoopConfig(BatchLoopConfig):
     """Batches and the precision they are computed in."""
 
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """auto = bf16 where it is faster: GPUs that have it; CPUs where bf16 products were timed >= 1.25x fp32."""
+    """auto = on a GPU bf16 where it supports bf16, else fp16; on a CPU bf16 where its products were timed
+    >= 1.25x fp32, else none (fp32)."""
 
 
 @dataclass(frozen=True)

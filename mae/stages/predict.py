@@ -41,8 +41,8 @@ def run_predict(cfg: PredictConfig) -> StageResult:
         write_predictions(rows, Path(cfg.output))
         print(f"wrote {len(rows)} predictions to {cfg.output}")
     else:
-        for row in rows:
-            print(f"{row['file']}\t{row['class']}\t{row['probability']:.4f}")
+        for row in rows:  # the same columns as the CSV: file, then each of the top-k classes and its probability
+            print("\t".join([row["file"], *(f"{c}\t{p:.4f}" for c, p in row["top_k"])]))
     return StageResult(export=Path(cfg.output) if cfg.output else None, metrics={"images": len(rows)})
 
 
