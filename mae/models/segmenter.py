@@ -126,7 +126,7 @@ class Segmenter(nn.Module):
             tokens = self.encoder.forward_features(x)
         tokens = tokens[:, getattr(self.encoder, "num_prefix_tokens", 1) :]
         gh, gw = x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1]
-        return tokens.transpose(1, 2).reshape(len(x), -1, gh, gw)
+        return tokens.transpose(1, 2).reshape(-1, tokens.shape[-1], gh, gw)  # batch free (an ONNX export's)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] at the input size -> logits [N, K, H, W]."""
