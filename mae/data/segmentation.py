@@ -90,6 +90,8 @@ class SegmentationFolder(BaseSource):
             try:
                 indices, palette = read_mask(mask)
                 size = _image_size(str(image))
+            except DataError:
+                raise
             except DECODE_ERRORS as e:
                 raise DataError(f"{mask}: cannot be read ({type(e).__name__}: {e})".splitlines()[0]) from None
             if indices.shape != size:
