@@ -45,8 +45,8 @@ class PredictConfig:
     """Where the predictions go: a .csv (columns file, class, probability, then class_2, probability_2, ...) or a
     .json file; null prints them."""
     output_dir: str | None = None
-    """A segmenter's masks: OUTPUT_DIR/<name>.png per image (palette PNG of class indices), classes.json and
-    overlay.png."""
+    """Where a segmenter's masks go: OUTPUT_DIR/<name>.png per image (palette PNG of class indices), classes.json and
+    overlay.png; null = outputs/predict. A classifier's predictions go to --output."""
 
 
 @dataclass(frozen=True)

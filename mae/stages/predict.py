@@ -36,8 +36,6 @@ def run_predict(cfg: PredictConfig) -> StageResult:
         from mae.stages.segment_predict import predict_masks
 
         return predict_masks(cfg)
-    if cfg.output_dir:
-        raise ConfigError(f"--output_dir {cfg.output_dir}: a classifier's predictions go to --output (.csv / .json)")
     try:
         classifier = load_classifier(cfg.pretrained)
     except CheckpointError as e:

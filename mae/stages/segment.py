@@ -17,7 +17,7 @@ from mae.data.segment_transforms import JointEvalTransform, JointTrainTransform
 from mae.data.segmentation import SegmentationSamples, collate_segments, open_segmentation, split_segmentation
 from mae.models.classifier import build_classifier, freeze_first_blocks
 from mae.models.segmenter import HEADS, HeadKind, Segmenter
-from mae.run_folder import CLASSES, LAST_METRICS, SEGMENTER
+from mae.run_folder import CLASSES, LAST_METRICS, SEGMENTER, last_evaluation
 from mae.stages.downstream import Downstream, open_downstream
 from mae.stages.registry import StageResult, register_stage
 from mae.train.accelerator import full_state_dict, plain_model
@@ -68,8 +68,9 @@ def run_segment(cfg: SegmentConfig) -> StageResult:
             record=setup.encoder.record, config=config_record(cfg), state=state,
         )  # fmt: skip
         (out / CLASSES).write_text(json.dumps(classes))
-        if task.last_evaluation:
-            (out / LAST_METRICS).write_text(json.dumps(task.last_evaluation, indent=1) + "\n")
+        last = task.last_evaluation or last_evaluation(out)  # a rerun of a finished run trains and evaluates nothing
+        if last:
+            (out / LAST_METRICS).write_text(json.dumps(last, indent=1) + "\n")
         accelerator.print(f"done: segmenter in {path}, metrics in {out / 'metrics.jsonl'}")
     accelerator.end_training()
     return StageResult(Path(cfg.output_dir), task.last_evaluation, path)
@@ -118,11 +119,16 @@ def build_segmenter(setup: Downstream, cfg: SegmentConfig, kind: HeadKind) -> tu
 
 
 def eval_loader(setup: Downstream, cfg: SegmentConfig) -> torch.utils.data.DataLoader:
-    """This process's share of the validation images (every `num_processes`-th), each at its own size, in order:
-    no image repeated to even out the processes, so the summed confusion matrix is one process's."""
-    acc = setup.accelerator
+    """The validation images of this process (`share_loader`), through the evaluation transform."""
     dataset = SegmentationSamples(setup.val, JointEvalTransform(mean=setup.mean, std=setup.std),
                                   in_chans=setup.in_chans)  # fmt: skip
-    share = torch.utils.data.Subset(dataset, np.arange(acc.process_index, len(dataset), acc.num_processes).tolist())
-    return make_loader(share, batch_size=cfg.loop.batch_size, collate_fn=collate_segments,
-                       num_workers=cfg.data.num_workers, drop_last=False, persistent=False)  # fmt: skip
+    acc = setup.accelerator
+    return share_loader(dataset, acc.process_index, acc.num_processes, cfg.loop.batch_size, cfg.data.num_workers)
+
+
+def share_loader(dataset: Any, rank: int, world: int, batch_size: int, num_workers: int = 0):
+    """An ordered pass over process `rank`'s share of `dataset` (every `world`-th sample, each image at its own size):
+    no sample repeated to even out the processes, so the summed confusion matrix is exactly one process's."""
+    share = torch.utils.data.Subset(dataset, np.arange(rank, len(dataset), world).tolist())
+    return make_loader(share, batch_size=batch_size, collate_fn=collate_segments, num_workers=num_workers,
+                       drop_last=False, persistent=False)  # fmt: skip
