@@ -35,7 +35,7 @@ def run_predict(cfg: PredictConfig) -> StageResult:
     if segmenter_file(cfg.pretrained) is not None:
         from mae.stages.segment_predict import predict_masks
 
-        return predict_masks(cfg)
+        return predict_masks(cfg, images_source)
     try:
         classifier = load_classifier(cfg.pretrained)
     except CheckpointError as e:

@@ -5,6 +5,7 @@ evaluated them: each at its own size, a window slid over it (`Segmenter.segment`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,9 @@ from mae.weights.segmenter import LoadedSegmenter, load_segmenter, model_input
 OVERLAY_IMAGES = 8  # images the overlay figure shows, in the source's order
 
 
-def predict_masks(cfg: PredictConfig) -> StageResult:
-    """Segment every image of --data.path (a segmentation folder's images/) or --images into --output_dir."""
-    from mae.stages.predict import images_source
-
+def predict_masks(cfg: PredictConfig, images_source: Callable[[PredictConfig], Any]) -> StageResult:
+    """Segment every image of --data.path (a segmentation folder's images/) or --images (`images_source(cfg)`, the
+    images any predict reads) into --output_dir."""
     if not cfg.output_dir:
         raise ConfigError("--output_dir: required with a segmenter: the folder its mask PNGs go to")
     if cfg.output:
