@@ -1,7 +1,7 @@
 """Masked autoencoder pretraining for timm Vision Transformers.
 
 Models (`create_mae`, `list_presets`) and their record (`ModelSpec`, `read_spec`), weights in and out
-(`load_pretrained`, `export_encoder`, `load_encoder`),
+(`load_pretrained`, `export_encoder`, `load_encoder`, `load_classifier`, `load_segmenter`),
 and one function per registered stage, plugins included (`mae.pretrain(...)`, `mae.linprobe(...)`, ...: the command
 line's stages, validated as it validates them; `list_stages()` names them). Every error a user can cause is a
 `MaeError`.
@@ -17,6 +17,7 @@ from mae.weights.classifier import load_classifier
 from mae.weights.export import export_encoder, load_encoder
 from mae.weights.importers import load_pretrained
 from mae.weights.record import read_spec
+from mae.weights.segmenter import load_segmenter
 
 __all__ = [
     "CheckpointError",
@@ -36,6 +37,7 @@ __all__ = [
     "load_classifier",
     "load_encoder",
     "load_pretrained",
+    "load_segmenter",
     "read_spec",
     "register_stage",
     *list_stages(),  # the stages registered on import; a plugin's are reached by name (`__getattr__`)

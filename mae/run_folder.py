@@ -12,7 +12,9 @@ and importers ask it for paths instead of spelling file names themselves.
       preview.png              pretraining: the latest reconstruction grid
       previews/epoch_0004.png  pretraining: the grid at each evaluation
       classifier.safetensors   linprobe / finetune: the whole timm classifier
-      classes.json             linprobe / finetune: class names, index = label
+      classes.json             linprobe / finetune / segment: class names, index = label
+      segmenter.safetensors    segment: encoder + head, with what rebuilds it
+      metrics.json             segment: the last evaluation (anomaly: its scores' AUROC)
       mae/                     TensorBoard event files (when tensorboard is installed; Accelerate's tracker)
       error.log                the traceback of a failed run (error-rankR.log for rank R > 0)
       .shared-<token>          for a moment at the start of a run on several processes: the main process's marker,
@@ -34,6 +36,10 @@ STREAM_STATE = "stream_state_rank{rank}.json"  # a stream's position in a checkp
 ENCODER = "encoder.safetensors"
 CLASSIFIER = "classifier.safetensors"
 CLASSES = "classes.json"
+SEGMENTER = "segmenter.safetensors"
+LAST_METRICS = "metrics.json"  # a run's last evaluation (segment), or anomaly's scores
+# `mae predict` with a segmenter: OUT/<name>.png per image, and an overlay of the first images.
+OVERLAY = "overlay.png"
 PREVIEW = "preview.png"
 PREVIEWS = "previews"
 # An export in the layout timm's hub loader reads (`--format hf-folder`), and Accelerate's model file.

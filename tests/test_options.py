@@ -18,6 +18,7 @@ import mae.weights.hub
 from mae.cli import build_parser, main
 from mae.stages import get_stage, list_stages
 from tests.conftest import make_images, make_labeled
+from tests.segment.helpers import make_segmentation
 
 # Code that reads every field alike (copies, comparisons, YAML, range checks, the parser) is not a stage reading
 # an option: reads from these files do not count.
@@ -104,6 +105,7 @@ def runs(root: Path, start: Path) -> dict[str, list[dict]]:
     """Each stage's runs (overrides of `mae.<stage>(...)`), in an order where each finds what it needs: together they
     take every path on which a stage reads an option."""
     images, labeled, pre = str(root / "images"), str(root / "labeled"), root / "pre"
+    scenes = str(make_segmentation(root / "scenes", n=12))
     downstream = {"data": {"path": labeled, "num_workers": 0}, "loop": TRAIN_LOOP, "optim": {"warmup_epochs": 1}}
     return {
         "pretrain": [
@@ -135,7 +137,21 @@ def runs(root: Path, start: Path) -> dict[str, list[dict]]:
         ],
         "linprobe": [dict(pretrained=pre, cache_dir=root / "cache", output_dir=root / "lp", **downstream)],
         "finetune": [dict(pretrained=pre, model={"ema_decay": 0.9}, output_dir=root / "ft", **downstream)],
-        "predict": [dict(pretrained=root / "lp", data={"path": images, "num_workers": 0}, output=root / "p.csv")],
+        "segment": [
+            dict(
+                pretrained=pre,
+                head="progressive",
+                model={"frozen_blocks": 1, "drop_path": 0.1},
+                data={"path": scenes, "num_workers": 0, "num_classes": 2},
+                aug={"scale": [0.8, 1.2], "hflip": 0.5},
+                output_dir=root / "seg",
+                **{k: v for k, v in downstream.items() if k != "data"},
+            ),
+        ],
+        "predict": [
+            dict(pretrained=root / "lp", data={"path": images, "num_workers": 0}, output=root / "p.csv"),
+            dict(pretrained=root / "seg", data={"path": scenes, "num_workers": 0}, output_dir=root / "masks"),
+        ],
         "anomaly": [
             dict(
                 pretrained=pre,

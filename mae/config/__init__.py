@@ -44,6 +44,7 @@ from mae.config.sections import (
     TrainingConfig,
     WorkersConfig,
 )
+from mae.config.segment import SegmentAugConfig, SegmentConfig, SegmentDataConfig, SegmentModelConfig
 from mae.config.tools import ConvertConfig, ExportConfig, ShardConfig, StatsConfig, StatsModelConfig, VisualizeConfig
 from mae.errors import ConfigError
 
@@ -54,7 +55,7 @@ __all__ = [
     "ImageColumnConfig", "KnnConfig", "LARS_MIN_BATCH", "LabeledDataConfig", "LabeledSourceConfig", "LinprobeConfig",
     "LoopConfig", "ModelConfig", "MonitorConfig", "NormalisationConfig", "OptimConfig", "PathConfig",
     "PrecisionLoopConfig", "PredictConfig", "PredictDataConfig", "PretrainConfig", "PretrainedConfig",
-    "ProbeModelConfig", "ProbeOptimConfig", "Rule", "RunConfig", "ScheduleConfig", "ShardConfig", "SourceConfig",
-    "StatsConfig", "StatsModelConfig", "TrainingConfig", "VisualizeConfig", "WorkersConfig", "check_config",
-    "flatten", "ranged", "ruled", "to_dict",
+    "ProbeModelConfig", "ProbeOptimConfig", "Rule", "RunConfig", "ScheduleConfig", "SegmentAugConfig", "SegmentConfig",
+    "SegmentDataConfig", "SegmentModelConfig", "ShardConfig", "SourceConfig", "StatsConfig", "StatsModelConfig",
+    "TrainingConfig", "VisualizeConfig", "WorkersConfig", "check_config", "flatten", "ranged", "ruled", "to_dict",
 ]  # fmt: skip

@@ -33,7 +33,8 @@ class PredictConfig:
     """mae predict."""
 
     pretrained: str | None = None
-    """A classifier: a linprobe or finetune output folder, its classifier.safetensors, or an hf folder of one."""
+    """A classifier (a linprobe or finetune output folder, its classifier.safetensors, or an hf folder of one), or a
+    segmenter (a segment output folder or its segmenter.safetensors)."""
     images: list[str] | None = None
     """Image files (or folders of images) to classify; or give --data.path."""
     data: PredictDataConfig = field(default_factory=PredictDataConfig)
@@ -43,6 +44,9 @@ class PredictConfig:
     output: str | None = None
     """Where the predictions go: a .csv (columns file, class, probability, then class_2, probability_2, ...) or a
     .json file; null prints them."""
+    output_dir: str | None = None
+    """Where a segmenter's masks go: OUTPUT_DIR/<name>.png per image (palette PNG of class indices), classes.json and
+    overlay.png; null = outputs/predict. A classifier's predictions go to --output."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ loaders, and the classifier they write (`save_run_classifier`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,15 @@ class Downstream:
         return list(self.train.classes)
 
 
-def open_downstream(cfg: Any) -> Downstream:
-    """Validate, open the encoder and the labeled data, find a checkpoint to resume, start Accelerate."""
+def open_downstream(cfg: Any, splits: Callable[[Any], tuple[Any, Any]] | None = None) -> Downstream:
+    """Validate, open the encoder and the data (`splits(cfg)` -> (train, val); the labeled splits by default), find
+    a checkpoint to resume, start Accelerate."""
     validate(cfg)
     try:
         encoder = read_encoder(cfg.pretrained, cfg.model.img_size, seed=cfg.seed)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"--pretrained {cfg.pretrained}: {e}") from None
-    train_src, val_src = labeled_splits(cfg)
+    train_src, val_src = (splits or labeled_splits)(cfg)
     size = cfg.model.img_size or encoder.img_size
     if (cfg.data.mean or encoder.mean) is None or (cfg.data.std or encoder.std) is None:
         raise ConfigError(

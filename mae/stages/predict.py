@@ -19,17 +19,23 @@ from mae.data.transforms import collate_images, decode_side, load_image
 from mae.errors import CheckpointError
 from mae.stages.registry import StageResult, register_stage
 from mae.weights.classifier import Classifier, load_classifier
+from mae.weights.segmenter import segmenter_file
 
 
 @register_stage(
     "predict",
     PredictConfig,
-    "Classify images with a trained classifier: top-k classes and probabilities.",
+    "Classify images with a trained classifier (top-k classes) or segment them with a segmenter (mask PNGs).",
     lists={"images": "Image files (or folders of images) to classify; or give --data.path."},
 )
 def run_predict(cfg: PredictConfig) -> StageResult:
-    """Every image's top-k classes; the table goes to --output (.csv / .json) or is printed."""
+    """Every image's top-k classes; the table goes to --output (.csv / .json) or is printed. A segmenter's masks go
+    to --output_dir (`mae.stages.segment_predict`)."""
     check(cfg)
+    if segmenter_file(cfg.pretrained) is not None:
+        from mae.stages.segment_predict import predict_masks
+
+        return predict_masks(cfg, images_source)
     try:
         classifier = load_classifier(cfg.pretrained)
     except CheckpointError as e:
@@ -48,7 +54,10 @@ def run_predict(cfg: PredictConfig) -> StageResult:
 
 def check(cfg: PredictConfig) -> None:
     if not cfg.pretrained:
-        raise ConfigError("--pretrained: required: a linprobe or finetune output folder, or its classifier.safetensors")
+        raise ConfigError(
+            "--pretrained: required: a linprobe, finetune or segment output folder, or its classifier.safetensors / "
+            "segmenter.safetensors"
+        )
     if not Path(cfg.pretrained).exists():
         raise ConfigError(f"--pretrained {cfg.pretrained}: no such file or folder")
     if bool(cfg.images) == bool(cfg.data.path):

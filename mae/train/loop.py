@@ -271,7 +271,7 @@ def _report_first_step(accelerator: Accelerator, model: torch.nn.Module, seconds
 def _eval_line(epoch: int, epochs: int, result: dict[str, Any]) -> str:
     """An evaluation for the console: "epoch 3/10: val loss 0.4123, top1 87.20%, top5 99.10% (600 images)"."""
     parts = [f"{result.get('eval', 'eval')} loss {result['loss']:.4f}"]
-    for key in ("top1", "top5", "knn_top1", "knn_top5"):
+    for key in ("top1", "top5", "knn_top1", "knn_top5", "miou", "pixel_acc"):
         if key in result:
             parts.append(f"{key.replace('_', ' ')} {result[key]:.2f}%")
     extra = f" ({result['samples']} images)" if "samples" in result else ""

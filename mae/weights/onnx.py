@@ -1,5 +1,6 @@
-"""Weights out as ONNX: an encoder (pooled features and token features) or a trained classifier (logits), with a
-dynamic batch axis and the input size and normalisation in the model's `metadata_props`.
+"""Weights out as ONNX: an encoder (pooled features and token features), a trained classifier (logits) or a segmenter
+(per-pixel logits [N, K, H, W] at its input size), with a dynamic batch axis and the input size and normalisation in
+the model's `metadata_props`.
 
 torch's TorchScript exporter (`torch.onnx.export(dynamo=False)`), not the dynamo one: it needs no onnxscript and
 exports timm's ViTs with a dynamic batch the same way across the torch versions we accept (2.4 to 2.14).
@@ -26,6 +27,7 @@ from mae.weights.classifier import classifier_file, load_classifier
 from mae.weights.export import encoder_pretrained_cfg, model_stats, timm_pretrained_cfg
 from mae.weights.importers import load_pretrained, read_encoder
 from mae.weights.record import read_spec, spec_metadata
+from mae.weights.segmenter import KIND, load_segmenter, model_input, segmenter_file
 
 OPSET = 17  # LayerNorm is one ONNX op from opset 17; onnxruntime >= 1.14 runs it
 TOLERANCE = 1e-4  # onnxruntime's fp32 outputs against torch's, absolute and relative
@@ -41,6 +43,7 @@ class Deployable:
     pretrained_cfg: dict[str, Any]
     classes: list[str]
     spec: ModelSpec | None = None  # the model record (a classifier's: its encoder's), written into the metadata
+    kind: str = ""  # "segmenter" for per-pixel logits; else a classifier (classes) or an encoder
 
     @property
     def outputs(self) -> list[str]:
@@ -64,12 +67,18 @@ class _Outputs(nn.Module):
 def open_deployable(
     source: MaskedAutoencoder | str | os.PathLike, img_size: tuple[int, int] | None = None
 ) -> Deployable:
-    """A classifier (a linprobe / finetune folder or its classifier.safetensors) or an encoder (a model, an
+    """A segmenter (a segment folder or its segmenter.safetensors), a classifier (a linprobe / finetune folder or its
+    classifier.safetensors) or an encoder (a model, an
     export, a run, any checkpoint `load_pretrained` reads; `img_size` for one whose input size it cannot tell)."""
     if isinstance(source, MaskedAutoencoder):
         return Deployable(source.encoder.eval(), encoder_pretrained_cfg(source), [], source.spec)
     if not Path(source).exists():
         raise CheckpointError(f"{source}: no such file or folder")
+    if segmenter_file(source) is not None:
+        s = load_segmenter(source)
+        stats = [s.transform.mean.flatten().tolist(), s.transform.std.flatten().tolist()]
+        cfg = timm_pretrained_cfg(list(model_input(s.model)), *stats, len(s.classes), 1.0)
+        return Deployable(s.model, cfg, s.classes, read_spec(segmenter_file(source)), kind=KIND)
     if classifier_file(source) is not None:
         c = load_classifier(source)
         return Deployable(c.model, dict(c.model.pretrained_cfg), c.classes, read_spec(classifier_file(source)))
@@ -125,7 +134,7 @@ def export_onnx(
 def _metadata(d: Deployable, opset: int) -> dict[str, str]:
     cfg = d.pretrained_cfg
     meta = {
-        "mae_kind": "classifier" if d.classes else "encoder",
+        "mae_kind": d.kind or ("classifier" if d.classes else "encoder"),
         "input_name": INPUT,
         "outputs": json.dumps(d.outputs),
         "input_size": json.dumps(list(cfg["input_size"])),
