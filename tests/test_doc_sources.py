@@ -70,17 +70,7 @@ def header_numbers() -> set[str]:
     return found
 
 
-# Pages whose rework is under way elsewhere and that still fail a check below: (check, page). Strict, so each entry
-# fails once its page passes, and is then dropped from here.
-PENDING = {("links", "docs/results/anomaly.md"), ("numbers", "docs/anomaly.md")}
-
-
-def pages(check: str, among: list[Path]) -> list:
-    return [pytest.param(p, marks=pytest.mark.xfail(strict=True)) if (check, str(p.relative_to(ROOT))) in PENDING
-            else p for p in among]  # fmt: skip
-
-
-@pytest.mark.parametrize("page", pages("links", PAGES), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_and_repository_path_resolves(page):
     missing = []
     text = page.read_text()
@@ -95,7 +85,7 @@ def test_every_relative_link_and_repository_path_resolves(page):
     assert not missing, f"{page.relative_to(ROOT)}: links or paths to missing files: {missing}"
 
 
-@pytest.mark.parametrize("page", pages("numbers", GUIDES), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_measured_number_in_the_readme_and_guides_has_a_kept_source(page):
     sources = kept_numbers() | header_numbers()
     name = str(page.relative_to(ROOT))

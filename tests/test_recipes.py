@@ -47,15 +47,7 @@ def test_launch_configs_load_and_wrap_every_block(config):
         assert in_blocks / sum(p.numel() for p in model.parameters()) > 0.9
 
 
-# A header still over 12 lines, owned by the anomaly guide's rework; strict: once it is short, drop it from here.
-LONG_HEADERS = {"fashion_mnist_one_class"}
-
-
-@pytest.mark.parametrize(
-    "recipe",
-    [pytest.param(r, marks=pytest.mark.xfail(strict=True)) if r.stem in LONG_HEADERS else r for r in RECIPES],
-    ids=lambda p: p.stem,
-)
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_header_is_at_most_12_lines(recipe):
     """Expected result, hardware and time (or "the paper's figure, not run here"); study logs go to docs/results/."""
     header = []

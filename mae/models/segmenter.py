@@ -70,15 +70,17 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
 
 
 class ProgressiveHead(nn.Module):
-    """SETR-PUP: a conv block on the tokens, then log2(patch) stages of 2x bilinear upsampling + conv block, a 1x1
-    classifier; a last bilinear resize where the patch size is not a power of two."""
+    """SETR-PUP, sized for the CPU: a conv block on the tokens, then 2x bilinear upsampling + conv block stages up to
+    half the image's resolution, each halving the channels (not below 32), a 1x1 classifier and a last bilinear
+    resize to the image (the convolutions at full resolution would cost several times the encoder)."""
 
     def __init__(self, embed_dim: int, num_classes: int, patch_size: int, channels: int = 128) -> None:
         super().__init__()
-        stages = max(1, round(math.log2(patch_size)))
-        self.stem = _conv_block(embed_dim, channels)
-        self.ups = nn.ModuleList(_conv_block(channels, channels) for _ in range(stages))
-        self.classifier = nn.Conv2d(channels, num_classes, 1)
+        stages = max(1, round(math.log2(patch_size)) - 1)
+        widths = [max(32, channels >> i) for i in range(stages + 1)]
+        self.stem = _conv_block(embed_dim, widths[0])
+        self.ups = nn.ModuleList(_conv_block(widths[i], widths[i + 1]) for i in range(stages))
+        self.classifier = nn.Conv2d(widths[-1], num_classes, 1)
 
     def forward(self, tokens: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         x = self.stem(tokens)

@@ -21,6 +21,7 @@ import mae
 from mae.train.segment_task import confusion_matrix, segmentation_scores
 from tests.segment.helpers import make_segmentation
 from tests.train.test_reliability import assert_same_tensors, child, final_weights
+from tests.train.test_resume_downstream import kill_at_call
 
 LOOP = {"batch_size": 8, "progress": False, "mixed_precision": "no", "log_every": 100}
 
@@ -108,17 +109,7 @@ def test_the_linear_head_is_a_probe_the_encoder_stays_as_given(scenes, tmp_path)
         mae.segment(**args, head="upernet", output_dir=tmp_path / "y")
 
 
-KILL_AT_STEP_7 = """
-    from mae.train.segment_task import SegmentTask
-    f = SegmentTask.forward
-    calls = [0]
-    def forward(self, batch):
-        calls[0] += 1
-        if calls[0] == 7:  # mid-epoch 2, one step after the checkpoint of step 6
-            os.kill(os.getpid(), signal.SIGKILL)
-        return f(self, batch)
-    SegmentTask.forward = forward
-"""
+KILL_AT_STEP_7 = kill_at_call("mae.train.segment_task:SegmentTask")
 
 
 @pytest.mark.slow

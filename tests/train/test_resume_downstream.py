@@ -20,17 +20,26 @@ STAGES = {
     "linprobe": ["linprobe", "--optim.warmup_epochs", "1"],  # cached features
     "linprobe_augmented": ["linprobe", "--mode", "augmented", "--augment", "true", "--optim.warmup_epochs", "1"],
 }
-KILL_AT_STEP_7 = """
-    from mae.train.tasks import ClassifierTask
-    f = ClassifierTask.forward
+
+
+def kill_at_call(task: str, n: int = 7) -> str:
+    """Code for `child`: SIGKILL the process at the n-th call of `task`'s forward (`module:Class`); with n = 7,
+    mid-epoch 2, one step after the checkpoint of step 6."""
+    module, cls = task.split(":")
+    return f"""
+    from {module} import {cls}
+    f = {cls}.forward
     calls = [0]
     def forward(self, batch):
         calls[0] += 1
-        if calls[0] == 7:  # mid-epoch 2, one step after the checkpoint of step 6
+        if calls[0] == {n}:
             os.kill(os.getpid(), signal.SIGKILL)
         return f(self, batch)
-    ClassifierTask.forward = forward
+    {cls}.forward = forward
 """
+
+
+KILL_AT_STEP_7 = kill_at_call("mae.train.tasks:ClassifierTask")
 TIMING = {"img_per_s", "data_wait"}
 
 
