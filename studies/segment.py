@@ -29,6 +29,11 @@ RECIPES = harness.RECIPES / "segment"
 LABELS = {"all": "train", "tenth": "train_10pct"}
 TENTH_EPOCHS = 3  # a tenth of the scenes gets 3x the recipe's epochs (0.3x its steps), evaluated every 3rd
 HEADS = {"probe": "probe.yaml", "finetune": "finetune.yaml"}
+MARGINS = {  # the study's questions: name -> (run, the run it is compared with)
+    "MAE probe over random-init probe": ("probe_mae", "probe_random"),
+    "MAE fine-tune over MAE probe": ("finetune_mae", "probe_mae"),
+    "MAE fine-tune over random-init fine-tune": ("finetune_mae", "finetune_random"),
+}
 
 
 def random_init(pretrain: Path, seed: int) -> Path:
@@ -75,6 +80,12 @@ def table(results: list[dict], meta: dict) -> str:
         vals = [r["miou"][row] for r in results]
         mins = np.mean([r["seconds"][row] for r in results]) / 60
         lines.append(f"| {row} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {np.mean(vals):.2f} | {mins:.1f} |")
+    lines += ["", "| margin (mIoU points, per seed) | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+              "|" + "---|" * (len(seeds) + 1)]  # fmt: skip
+    for lab in LABELS:
+        for name, (a, b) in MARGINS.items():
+            diffs = [r["miou"][f"{a}_{lab}"] - r["miou"][f"{b}_{lab}"] for r in results]
+            lines.append(f"| {name} ({lab} labels) | " + " | ".join(f"{d:+.2f}" for d in diffs) + " |")
     lines.append(f"\nPretraining: {meta['pretrain_minutes']:.1f} minutes. Machine: {meta['machine']}.")
     return "\n".join(lines)
 
