@@ -12,7 +12,7 @@ from timm.models import group_parameters
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
 
-from mae.errors import CheckpointError
+from mae.errors import CheckpointError, ConfigError
 from mae.models.encoder import EncoderSpec
 
 
@@ -101,7 +101,11 @@ def freeze_first_blocks(model: nn.Module, n: int) -> None:
     """Partial fine-tuning: the stem (patch embedding, prefix tokens, positions) and the first `n` blocks of a
     timm model stop training. Blocks as timm's `group_matcher` numbers them for layer-wise lr decay (0 the
     stem, i the i-th block), so any timm backbone with one is cut the same way; with the input of the first
-    trained block needing no gradient, autograd skips the frozen layers' backward pass."""
+    trained block needing no gradient, autograd skips the frozen layers' backward pass. `n` beyond the depth is
+    the --model.frozen_blocks error every stage that takes the option gives."""
+    if n > len(model.blocks):
+        raise ConfigError(f"--model.frozen_blocks {n}: the encoder has {len(model.blocks)} blocks; choose 0 to "
+                          f"{len(model.blocks)}")  # fmt: skip
     if n == 0:
         return
     layers = group_parameters(model, model.group_matcher(coarse=False))

@@ -90,11 +90,6 @@ def run_finetune(cfg: FinetuneConfig) -> StageResult:
 def freeze(model: torch.nn.Module, cfg: FinetuneConfig, setup: Downstream) -> None:
     """--model.frozen_blocks: the stem and the first N blocks stay as pretrained (checked against the depth and
     the FSDP setting that could not train them)."""
-    depth = len(model.blocks)
-    if cfg.model.frozen_blocks > depth:
-        raise ConfigError(
-            f"--model.frozen_blocks {cfg.model.frozen_blocks}: the encoder has {depth} blocks; choose 0 to {depth}"
-        )
     freeze_first_blocks(model, cfg.model.frozen_blocks)
     fsdp = getattr(setup.accelerator.state, "fsdp_plugin", None)
     if cfg.model.frozen_blocks and fsdp is not None and fsdp.fsdp_version == 1 and not fsdp.use_orig_params:

@@ -105,13 +105,10 @@ def build_segmenter(setup: Downstream, cfg: SegmentConfig, kind: HeadKind) -> tu
         drop_path_rate=cfg.model.drop_path if kind.trains_encoder else 0.0,
     )  # fmt: skip
     frozen = cfg.model.frozen_blocks
-    if frozen > len(encoder.blocks):
-        raise ConfigError(f"--model.frozen_blocks {frozen}: the encoder has {len(encoder.blocks)} blocks; choose 0 "
-                          f"to {len(encoder.blocks)}")  # fmt: skip
+    freeze_first_blocks(encoder, frozen)  # the depth's bound first, as before
     if frozen and not kind.trains_encoder:
         raise ConfigError(f"--model.frozen_blocks {frozen}: --head {cfg.head} keeps the whole encoder frozen; use "
                           "--head progressive to fine-tune it, or leave --model.frozen_blocks 0")  # fmt: skip
-    freeze_first_blocks(encoder, frozen)
     with torch.random.fork_rng(devices=[]):  # the head's init from --seed, whatever drew before
         torch.manual_seed(cfg.seed)
         head = kind.build(encoder.num_features, len(setup.classes), encoder.patch_embed.patch_size[0])
