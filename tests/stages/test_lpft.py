@@ -13,7 +13,7 @@ from PIL import Image
 import mae
 
 
-def pattern_folder(root: Path, per_class: int = 64, size: int = 64, seed: int = 0) -> Path:
+def pattern_folder(root: Path, per_class: int = 64, size: int = 32, seed: int = 0) -> Path:
     """Four classes told apart by pattern only (horizontal, vertical, diagonal stripes, a checker board), each image
     in two random colours with a random period, phase and noise."""
     rng = np.random.default_rng(seed)
@@ -22,7 +22,7 @@ def pattern_folder(root: Path, per_class: int = 64, size: int = 64, seed: int = 
         folder = root / f"pattern{c}"
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            period, phase = rng.uniform(6, 14), rng.uniform(0, 2 * np.pi)
+            period, phase = rng.uniform(3, 7) * size / 32, rng.uniform(0, 2 * np.pi)
             if c < 3:
                 wave = np.sin(2 * np.pi * [yy, xx, (xx + yy) / 1.4][c] / period + phase)
             else:
@@ -37,7 +37,7 @@ def pattern_folder(root: Path, per_class: int = 64, size: int = 64, seed: int = 
 def test_the_small_data_fine_tune_is_at_least_its_probe(tmp_path, capsys):
     data = pattern_folder(tmp_path / "data")
     AcceleratorState._reset_state(True)
-    pre = mae.pretrain(data={"path": data}, model={"name": "mae_vit_micro_patch8", "img_size": 64},
+    pre = mae.pretrain(data={"path": data}, model={"name": "mae_vit_micro_patch8", "img_size": 32},
                        loop={"epochs": 3, "batch_size": 32, "progress": False}, optim={"warmup_epochs": 1},
                        output_dir=tmp_path / "pre")  # fmt: skip
     recipes = Path(__file__).parents[2] / "recipes"
