@@ -118,7 +118,7 @@ def select(args: argparse.Namespace) -> None:
         print(name, rows[name], flush=True)
     cpu = harness.cpu()
     lines = [
-        f"MNIST fit -> val top-1 (%) after one epoch (422 steps), from the seed-0 Fashion-MNIST encoder or from "
+        f"MNIST fit -> val top-1 (%) after one epoch (421 steps), from the seed-0 Fashion-MNIST encoder or from "
         f"scratch; {cpu}.",
         "",
         "| run | linear probe | k-NN | minutes |",
