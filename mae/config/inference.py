@@ -45,8 +45,9 @@ class PredictConfig:
     """Where the predictions go: a .csv (columns file, class, probability, then class_2, probability_2, ...) or a
     .json file; null prints them."""
     output_dir: str | None = None
-    """Where a segmenter's masks go: OUTPUT_DIR/<name>.png per image (palette PNG of class indices), classes.json and
-    overlay.png; null = outputs/predict. A classifier's predictions go to --output."""
+    """Where a segmenter's masks go: OUTPUT_DIR/<name>.png per image (a `datasets` row: its index, 000012.png; a
+    palette PNG of class indices), classes.json and overlay.png; null = outputs/predict. A classifier's predictions
+    go to --output."""
 
 
 @dataclass(frozen=True)

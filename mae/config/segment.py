@@ -8,23 +8,35 @@ from typing import Union
 
 from mae.config.downstream import FinetuneOptimConfig
 from mae.config.fields import ranged, ruled
-from mae.config.sections import LoopConfig, NormalisationConfig, PretrainedConfig, TrainingConfig, WorkersConfig
+from mae.config.sections import (
+    LoopConfig,
+    NormalisationConfig,
+    PretrainedConfig,
+    SourceConfig,
+    TrainingConfig,
+    WorkersConfig,
+)
 
 
 @dataclass(frozen=True)
-class SegmentDataConfig(WorkersConfig, NormalisationConfig):
+class SegmentDataConfig(WorkersConfig, NormalisationConfig, SourceConfig):
     """Images and their masks."""
 
     path: str | None = None
     """Training data: a folder with images/NAME.<ext> and masks/NAME.png (pixel value = class index, 255 = ignore;
-    palette PNGs read as their indices) and optionally classes.txt (one class name a line)."""
+    palette PNGs read as their indices) and optionally classes.txt (one class name a line); or a `datasets` dataset
+    (a `save_to_disk` folder or hf:NAME[:split]) with an image column and a mask column."""
     val_path: str | None = None
-    """Validation data (the same layout, the same classes); null holds out --data.val_fraction of the training
+    """Validation data (the same forms, the same classes); null holds out --data.val_fraction of the training
     images."""
+    mask_column: str | None = None
+    """Mask column of a `datasets` source (images of class indices, or H x W integer arrays); null picks a column
+    named mask, label, annotation, segmentation or semantic_mask, else the Image column other than the images'."""
     val_fraction: float = ranged(0.1, gt=0, lt=1)
     """Fraction of --data.path held out for validation when there is no --data.val_path (seeded)."""
     num_classes: int | None = ranged(None, ge=1)
-    """Class count when there is no classes.txt; null = the largest index in the training masks + 1."""
+    """Class count when the data does not name its classes (classes.txt, a ClassLabel in the mask column); null =
+    the largest index in the training masks + 1."""
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,22 @@ def is_dataset_object(value: Any) -> bool:
     return datasets is not None and isinstance(value, datasets.Dataset)
 
 
+def is_dataset(path: Any) -> bool:
+    """A `datasets` dataset by any name: the object, `hf:NAME[:split]`, a `save_to_disk` folder, or the object's
+    stand-in in a record."""
+    if is_dataset_object(path):
+        return True
+    return isinstance(path, str) and (path.startswith(("hf:", STAND_IN)) or is_saved_dataset(path))
+
+
+def stand_in_error(path: str, option: str) -> DataError:
+    """The refusal of a dataset object's stand-in (a record names the object; the object is gone)."""
+    return DataError(
+        f"{option} {path}: a datasets.Dataset handed to the Python API is recorded by its fingerprint only; "
+        "hand the object again, or save it (Dataset.save_to_disk) and give its folder"
+    )
+
+
 def recorded_path(value: Any) -> Any:
     """A data path as records and messages give it: a `datasets.Dataset` object as its readable stand-in,
     `datasets.Dataset(fingerprint=..., num_rows=...)`, which a resumed run compares; anything else as it is."""
@@ -237,8 +253,5 @@ class DatasetKind(SourceKind):
 
     def open(self, path, *, labeled, image_column, label_column, option):
         if isinstance(path, str):
-            raise DataError(
-                f"{option} {path}: a datasets.Dataset handed to the Python API is recorded by its fingerprint only; "
-                "hand the object again, or save it (Dataset.save_to_disk) and give its folder"
-            )
+            raise stand_in_error(path, option)
         return open_hf(path, labeled=labeled, image_column=image_column, label_column=label_column, option=option)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mae.data.segmentation import IGNORE
+from mae.data.masks import IGNORE
 
 
 def cover_scale(size: tuple[int, int], height: int, width: int) -> float:

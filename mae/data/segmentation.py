@@ -1,10 +1,10 @@
 """Images with per-pixel class masks, for `mae segment`: the folder layout (`images/NAME.<ext>` beside
 `masks/NAME.png`, pixel value = class index, 255 = ignore, palette PNGs read as their indices, an optional
-`classes.txt`), its checks (one line naming the file), and the samples whose augmentations move the image and its
-mask together.
+`classes.txt`), `open_segmentation` (a folder, or a `datasets` dataset: `mae.data.segmentation_hf`), and the samples
+whose augmentations move the image and its mask together.
 
-Every mask is read once when the folder is opened: a mask of the wrong size, an index beyond the classes or a
-missing mask stops the run before it trains, with the file named.
+Every mask is read once when the source is opened (`MaskedSource.check_masks`): a mask of the wrong size, an index
+beyond the classes or a missing mask stops the run before it trains, with the file (or row and column) named.
 """
 
 from __future__ import annotations
@@ -19,33 +19,21 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from mae.data.base import BaseSource
 from mae.data.folder import FolderSource
-from mae.data.images import DECODE_ERRORS, iter_image_files
+from mae.data.hf import DATASET_LABEL, load_hf_dataset
+from mae.data.images import iter_image_files
+from mae.data.masks import MaskedSource, read_mask
+from mae.data.open import STAND_IN, is_dataset, is_dataset_object, stand_in_error
+from mae.data.segmentation_hf import SegmentationHF
 from mae.data.transforms import DecodedImages, sample_seed
 from mae.errors import DataError
 
-IGNORE = 255  # the mask value that no loss, metric or class counts
 IMAGES, MASKS, CLASS_NAMES = "images", "masks", "classes.txt"
-_MASK_MODES = ("L", "P", "I", "I;16", "1")  # one band of indices (P: a palette's indices)
 
 
 def is_segmentation_folder(path: Any) -> bool:
     """A folder with `images/` and `masks/` subfolders."""
     return isinstance(path, (str, os.PathLike)) and (Path(path) / IMAGES).is_dir() and (Path(path) / MASKS).is_dir()
-
-
-def read_mask(path: str) -> tuple[np.ndarray, list[int] | None]:
-    """(class indices [H, W] int64, the palette as flat RGB values or None) of a mask PNG: 8- or 16-bit
-    grayscale values, or a palette image's indices (its colours kept for the outputs)."""
-    with Image.open(path) as img:
-        if img.mode not in _MASK_MODES:
-            raise DataError(
-                f"{path}: a mask must hold one class index per pixel (a grayscale or palette PNG), not mode "
-                f"{img.mode}; save the indices as an 8-bit PNG (or a palette PNG)"
-            )
-        palette = img.getpalette() if img.mode == "P" else None
-        return np.asarray(img, dtype=np.int64), palette
 
 
 def _image_size(path: str) -> tuple[int, int]:
@@ -57,7 +45,7 @@ def _image_size(path: str) -> tuple[int, int]:
         return img.height, img.width
 
 
-class SegmentationFolder(BaseSource):
+class SegmentationFolder(MaskedSource):
     """`root/images/**/NAME.<ext>` with `root/masks/**/NAME.png` (the same relative path): images as every
     folder source gives them (`load`, `load_array`, `name`), masks through `load_mask`. `classes` from
     `classes.txt` (one name a line), else `num_classes`, else the largest index seen + 1 (named "0", "1", ...)."""
@@ -72,8 +60,7 @@ class SegmentationFolder(BaseSource):
         named = self.root / CLASS_NAMES
         if classes is None and named.is_file():
             classes = [line.strip() for line in named.read_text().splitlines() if line.strip()]
-        self.palette: list[int] | None = None
-        self.classes = self._check_masks(classes, num_classes)
+        self.classes = self.check_masks(classes, num_classes, CLASS_NAMES)
 
     def _mask_of(self, image: str) -> str:
         rel = Path(image).relative_to(self.root / IMAGES).with_suffix(".png")
@@ -82,32 +69,14 @@ class SegmentationFolder(BaseSource):
             raise DataError(f"{image}: no mask {mask}; every image needs masks/<same name>.png (or remove the image)")
         return str(mask)
 
-    def _check_masks(self, classes: list[str] | None, num_classes: int | None) -> list[str]:
-        """Every mask read once: its size against its image's, its indices against the classes."""
-        limit = len(classes) if classes is not None else num_classes
-        top = 0
-        for image, mask in zip(self.images.paths, self.masks, strict=True):
-            try:
-                indices, palette = read_mask(mask)
-                size = _image_size(str(image))
-            except DataError:
-                raise
-            except DECODE_ERRORS as e:
-                raise DataError(f"{mask}: cannot be read ({type(e).__name__}: {e})".splitlines()[0]) from None
-            if indices.shape != size:
-                raise DataError(f"{mask}: mask is {indices.shape[1]}x{indices.shape[0]} (WxH) but its image {image} "
-                                f"is {size[1]}x{size[0]}; masks must match their images pixel for pixel")  # fmt: skip
-            seen = indices[indices != IGNORE]
-            high = int(seen.max()) if seen.size else -1
-            if limit is not None and high >= limit:
-                where = f"{CLASS_NAMES} names {limit}" if classes is not None else f"--data.num_classes is {limit}"
-                raise DataError(f"{mask}: class index {high} but {where} (0 to {limit - 1}; {IGNORE} = ignore); "
-                                "fix the mask or the class list")  # fmt: skip
-            top = max(top, high)
-            self.palette = self.palette or palette
-        if classes is not None:
-            return classes
-        return [str(i) for i in range(num_classes or top + 1)]
+    def read_mask(self, i: int) -> tuple[np.ndarray, list[int] | None]:
+        return read_mask(self.masks[i])
+
+    def image_size(self, i: int) -> tuple[int, int]:
+        return _image_size(str(self.images.paths[i]))
+
+    def mask_name(self, i: int) -> str:
+        return self.masks[i]
 
     def subset(self, rows: np.ndarray) -> SegmentationFolder:
         """The same folder restricted to `rows` (a held-out split), classes kept."""
@@ -129,19 +98,26 @@ class SegmentationFolder(BaseSource):
     def name(self, i: int) -> str:
         return self.images.name(i)
 
-    def load_mask(self, i: int) -> np.ndarray:
-        """Mask `i` as class indices [H, W] int64 (255 = ignore)."""
-        return read_mask(self.masks[i])[0]
 
-
-def open_segmentation(path: str, *, num_classes: int | None, option: str, classes: list[str] | None = None):
-    """The segmentation source at `path`; a one-line `DataError` for anything else."""
+def open_segmentation(path: Any, *, num_classes: int | None, option: str, classes: list[str] | None = None,
+                      image_column: str | None = None, mask_column: str | None = None) -> MaskedSource:  # fmt: skip
+    """The segmentation source at `path`: a folder with images/ and masks/ (`classes` overriding its classes.txt),
+    or a `datasets` dataset (`hf:NAME[:split]`, a `save_to_disk` folder, the object) read through its image and mask
+    columns; a one-line `DataError` for anything else."""
+    if is_dataset(path):
+        if isinstance(path, str) and path.startswith(STAND_IN):
+            raise stand_in_error(path, option)
+        dataset = path if is_dataset_object(path) else load_hf_dataset(path, option)
+        label = DATASET_LABEL if is_dataset_object(path) else path
+        return SegmentationHF(dataset, image_column=image_column, mask_column=mask_column, label=label,
+                              num_classes=num_classes)  # fmt: skip
     if not isinstance(path, str) or not Path(path).is_dir():
-        raise DataError(f"{option} {path}: no such folder; give a folder with images/ and masks/")
+        raise DataError(f"{option} {path}: no such folder; give a folder with images/ and masks/, or a `datasets` "
+                        "dataset (a save_to_disk folder or hf:NAME[:split])")  # fmt: skip
     return SegmentationFolder(path, num_classes=num_classes, option=option, classes=classes)
 
 
-def split_segmentation(source: SegmentationFolder, fraction: float, seed: int):
+def split_segmentation(source: MaskedSource, fraction: float, seed: int) -> tuple[MaskedSource, MaskedSource]:
     """(train, held-out) with `fraction` of the images held out, chosen by `seed`."""
     order = np.random.default_rng(seed).permutation(len(source))
     n_val = max(1, round(fraction * len(source)))
@@ -160,7 +136,7 @@ class SegmentationSamples(torch.utils.data.Dataset):
     or {"bad": (name, reason)} for an image that cannot be decoded. `transform(image, mask, generator)` gets a
     generator seeded from (seed, epoch, index), so any number of processes and any resume draw the same."""
 
-    def __init__(self, source: SegmentationFolder, transform: Callable, seed: int = 0, in_chans: int = 3) -> None:
+    def __init__(self, source: MaskedSource, transform: Callable, seed: int = 0, in_chans: int = 3) -> None:
         self.source, self.transform, self.seed, self.in_chans = source, transform, seed, in_chans
         self.load = DecodedImages(source, in_chans)
         self.generator = torch.Generator()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mae.config import ConfigError, SegmentConfig
+from mae.data.open import recorded_path
 from mae.data.segment_transforms import JointEvalTransform, JointTrainTransform
 from mae.data.segmentation import SegmentationSamples, collate_segments, open_segmentation, split_segmentation
 from mae.models.classifier import build_classifier, freeze_first_blocks
@@ -33,8 +34,11 @@ from mae.weights.segmenter import palette_of, save_segmenter
 def run_segment(cfg: SegmentConfig) -> StageResult:
     """Train the head (and, with a head that does, the encoder); write the segmenter and metrics.json."""
     kind = head_kind(cfg)
-    if not cfg.data.path:
-        raise ConfigError("--data.path: required: a folder with images/ and masks/ (same names; see --help)")
+    if cfg.data.path is None or cfg.data.path == "":
+        raise ConfigError(
+            "--data.path: required: a folder with images/ and masks/ (same names), or a `datasets` "
+            "dataset with an image and a mask column (see --help)"
+        )
     setup = open_downstream(cfg, splits=segmentation_splits)
     model, arch, args = build_segmenter(setup, cfg, kind)
     train_tf = JointTrainTransform(setup.size, mean=setup.mean, std=setup.std, scale=cfg.aug.scale,
@@ -85,15 +89,16 @@ def head_kind(cfg: SegmentConfig) -> HeadKind:
 
 
 def segmentation_splits(cfg: SegmentConfig) -> tuple[Any, Any]:
-    """(train, validation) segmentation folders with the same classes."""
+    """(train, validation) segmentation sources with the same classes."""
     d = cfg.data
-    train_src = open_segmentation(d.path, num_classes=d.num_classes, option="--data.path")
+    columns = {"image_column": d.image_column, "mask_column": d.mask_column}
+    train_src = open_segmentation(d.path, num_classes=d.num_classes, option="--data.path", **columns)
     if not d.val_path:
         return split_segmentation(train_src, d.val_fraction, cfg.seed)
-    val_src = open_segmentation(d.val_path, num_classes=len(train_src.classes), option="--data.val_path")
-    if val_src.classes != train_src.classes and (Path(d.val_path) / "classes.txt").is_file():
-        raise ConfigError(f"--data.val_path {d.val_path}: its classes {val_src.classes[:5]}... differ from "
-                          f"--data.path's {train_src.classes[:5]}...")  # fmt: skip
+    val_src = open_segmentation(d.val_path, num_classes=len(train_src.classes), option="--data.val_path", **columns)
+    if val_src.classes != train_src.classes and val_src.named:
+        raise ConfigError(f"--data.val_path {recorded_path(d.val_path)}: its classes {val_src.classes[:5]}... differ "
+                          f"from --data.path's {train_src.classes[:5]}...")  # fmt: skip
     val_src.classes = train_src.classes
     return train_src, val_src
 

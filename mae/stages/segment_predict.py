@@ -14,6 +14,7 @@ from PIL import Image
 
 from mae.config import ConfigError, PredictConfig
 from mae.data.folder import FolderSource
+from mae.data.hf import HFSource
 from mae.data.segmentation import IMAGES, is_segmentation_folder
 from mae.data.transforms import load_image
 from mae.errors import CheckpointError
@@ -71,7 +72,10 @@ def _collate(samples: list[dict]) -> dict:
 
 
 def mask_name(source: Any, i: int) -> Path:
-    """Where image `i`'s mask goes under the output folder: its path below the source's root, as .png."""
+    """Where image `i`'s mask goes under the output folder: its path below the source's root, as .png; a `datasets`
+    row's, its row index (six digits or more)."""
+    if isinstance(source, HFSource):  # "NAME[i]" is no file name: a dot in NAME would be taken for a suffix
+        return Path(f"{i:06d}.png")
     name = Path(source.name(i))
     root = getattr(source, "root", None)
     if root is not None and name.is_relative_to(root) and Path(root) != Path("."):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 
-from mae.data.segmentation import IGNORE
+from mae.data.masks import IGNORE
 from mae.train.accelerator import plain_model
 from mae.train.metrics import report_bad_files
 
