@@ -12,12 +12,13 @@ Image column beside the images; the images are the first other Image column unle
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from mae.data.hf import HFSource, find_image_column, is_text
+from mae.data.hf import HFSource, find_image_column, is_saved_dataset, is_text, load_hf_dataset
 from mae.data.masks import MaskedSource, mask_indices
 from mae.errors import DataError
 
@@ -48,6 +49,22 @@ def mask_class_names(feature: Any) -> list[str] | None:
     while feature is not None and not isinstance(feature, ClassLabel):
         feature = _element(feature)
     return list(feature.names) if feature is not None else None
+
+
+def datasets_source(path: Any):
+    """The `datasets.Dataset` that `path` names (the object itself, `hf:NAME[:split]` or a `save_to_disk` folder);
+    None for any other source."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path if hasattr(path, "features") else None
+    return load_hf_dataset(str(path)) if str(path).startswith("hf:") or is_saved_dataset(str(path)) else None
+
+
+def image_column_to_segment(features, image_column: str | None, label: str) -> str:
+    """The column of images to segment in a dataset that may hold masks too: as given, else the first Image column
+    that is not a mask column by its name (so a dataset that lists its masks first is not segmented by them)."""
+    masks = {c for c in MASK_COLUMNS if c in features and mask_like(features[c])}
+    others = {c: f for c, f in features.items() if c not in masks}
+    return find_image_column(features if image_column or not others else others, image_column, label)
 
 
 def find_mask_columns(features, image_column: str | None, mask_column: str | None, label: str) -> tuple[str, str]:

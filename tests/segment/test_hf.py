@@ -86,6 +86,20 @@ def test_predict_on_a_dataset_writes_the_folders_masks_named_by_row(runs):
         assert np.array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
 
 
+def test_predict_segments_the_images_of_a_dataset_that_lists_its_masks_first(runs):
+    """The masks' column comes first (an Image column like the images'): predict still segments the images."""
+    root, folder, _ = runs
+    first = as_dataset(root / "val", "mask").select_columns(["mask", "image"])
+    assert list(first.features) == ["mask", "image"]
+    common = dict(pretrained=folder.output_dir, loop={"batch_size": 4})
+    mae.predict(**common, data={"path": str(root / "val"), "num_workers": 0}, output_dir=root / "q_folder")
+    mae.predict(**common, data={"path": first, "num_workers": 0}, output_dir=root / "q_first")
+    by_file, by_row = sorted((root / "q_folder").glob("s*.png")), sorted((root / "q_first").glob("0*.png"))
+    assert len(by_file) == len(by_row) == 5
+    for a, b in zip(by_file, by_row, strict=True):
+        assert np.array_equal(np.asarray(Image.open(a)), np.asarray(Image.open(b)))
+
+
 def test_masks_read_as_the_folders_palette_arrays_and_classlabel_names(tmp_path):
     root = make_segmentation(tmp_path / "d", n=4, classes=3, seed=5, palette=True)
     folder, hf = SegmentationFolder(root), SegmentationHF(as_dataset(root, "mask"), image_column=None,
