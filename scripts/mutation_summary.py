@@ -1,7 +1,8 @@
 """Writes docs/results/mutation/<module>.json, the kept summary of a module's mutmut 2.5.1 run (from .mutmut-cache),
 and the results page docs/results/mutation.md from all of them.
 
-A summary records the tool, the command, the counts and each survivor's diff with its verdict. Verdicts are written
+A summary records the tool, the command, the counts, the tests added for the module (by hand) and each survivor's
+diff with its verdict. Verdicts are written
 by hand in the JSON: "equivalent: why" (the program behaves the same) or "killed by tests/...::test_name" (a test
 added since). Rewriting keeps them, matched by diff; a mutant that survived an earlier run and is killed now moves
 to `killed_after_survival`. The score is detected / (total - equivalent), where detected counts timeouts and
@@ -61,6 +62,7 @@ def summary(module: str, tests: str, old: dict) -> dict:
         "tool": "mutmut 2.5.1",
         "command": f"scripts/mutation_test.sh {module} '{tests}'",
         "first_run": old.get("first_run", counts),
+        "tests_added": old.get("tests_added", []),  # written by hand: the tests added for this module's mutants
         "counts": {"total": len(rows), **counts},
         "equivalent": equivalent,
         "score_percent": round(100 * detected / (len(rows) - equivalent), 1),
