@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Mutation testing of the core with mutmut (not in CI: minutes to hours). Each mutant of a module must make
-# one of its tests fail; survivors are either equivalent mutants or missing tests.
-#   scripts/mutation_test.sh mae/models/patches.py "tests/models/test_patches.py tests/models/test_mae.py"
-# Modules worth it: mae/models/{masking,patches,pos_embed}.py, mae/data/samplers.py, mae/train/checkpoint.py, and the
-# loss in mae/models/mae.py (its functions only: further arguments are mutmut's mutant-name patterns), e.g.
-#   scripts/mutation_test.sh mae/models/mae.py "tests/models/test_mae.py" 'mae.models.mae.*forward_target*'
+# Mutation testing of one module with mutmut 2.5.1 (not in CI: minutes to an hour a module). mutmut writes each
+# mutant into the source file on disk and runs the tests, so decorated code and `python -m mae` child processes
+# (PYTHONPATH points here) run the mutant too. Every mutant must make a test fail; a survivor is either an
+# equivalent mutant (argued in the module's docs/results/mutation/*.json) or a missing test.
+#   scripts/mutation_test.sh mae/train/optim.py "tests/train/test_optim.py tests/train/test_schedule.py"
+# The second argument is what pytest selects (files, `-k` expressions); further arguments go to `mutmut run`
+# (a mutant id reruns that mutant). Then `scripts/mutation_summary.py MODULE` writes the module's JSON.
+# The tests run under the machine's CPU lock through scripts/lock_window.sh: consecutive mutants share one hold of
+# it for up to LOCK_WINDOW_S seconds (default 30; 0 = each mutant waits for the lock alone), then other jobs go.
 set -euo pipefail
-module=${1:?usage: $0 MODULE.py "TEST FILES"}
-tests=${2:?usage: $0 MODULE.py "TEST FILES"}
-pip show mutmut >/dev/null 2>&1 || pip install "mutmut>=3"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-# mutmut 3 reads lists one item a line: the module to mutate, and the tests that run against each mutant
-{
-  printf '[mutmut]\nsource_paths=\n    %s\nalso_copy=\n    mae/\npytest_add_cli_args_test_selection=\n' "$module"
-  for t in $tests; do printf '    %s\n' "$t"; done
-} > setup.cfg.mutmut
-trap 'rm -f setup.cfg.mutmut; [ -f setup.cfg.bak ] && mv setup.cfg.bak setup.cfg || rm -f setup.cfg' EXIT
-[ -f setup.cfg ] && cp setup.cfg setup.cfg.bak
-cp setup.cfg.mutmut setup.cfg
-mutmut run "${@:3}" || true
+module=${1:?usage: $0 MODULE.py "PYTEST SELECTION" [MUTMUT RUN ARGS]}
+tests=${2:?usage: $0 MODULE.py "PYTEST SELECTION" [MUTMUT RUN ARGS]}
+python -c 'import importlib.metadata as m; assert m.version("mutmut") == "2.5.1"' 2>/dev/null \
+  || pip install "mutmut==2.5.1"  # the `mutation` extra
+export PYTHONPATH=$PWD OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+limit=${MUTANT_TIMEOUT_S:-300}  # a mutant whose tests run longer than this (an endless loop) counts as killed
+runner="scripts/lock_window.sh timeout $limit python -m pytest -x -q -p no:randomly -p no:cacheprovider $tests"
+find "$(dirname "$module")" -name '__pycache__' -prune -exec rm -rf {} +  # no bytecode of an earlier mutant
+# The baseline: the unmutated tests must pass.
+out=$(eval "$runner") || { echo "$module: the tests fail without mutations: $runner" >&2; echo "$out"; exit 1; }
+echo "baseline: ${out##*$'\n'}"
+# mutmut's own timeout is 10x its baseline, which would count other jobs' time on the lock; a cached baseline
+# of an hour lifts it out of the way, and `timeout $limit` above bounds each mutant's tests instead.
+python -c "from mutmut.cache import hash_of_tests, set_cached_test_time as s; s(3600, hash_of_tests(['tests']))"
+mutmut run --paths-to-mutate "$module" --tests-dir tests --runner "$runner" --no-progress --simple-output \
+  "${@:3}" || true
 mutmut results

@@ -69,6 +69,26 @@ def test_finetuning_decays_each_layers_lr_by_its_depth():
     assert groups_by_name(model, opt)["patch_embed.proj.weight"]["lr_scale"] == pytest.approx(0.75**num_layers)
 
 
+def test_adamw_takes_the_fused_kernel_and_builds_the_plain_one_where_torch_has_none(monkeypatch):
+    import timm.optim
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    fused = adamw(model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.95))
+    assert fused.defaults["fused"]  # torch has the CPU kernel since 2.4
+    real = timm.optim.create_optimizer_v2
+
+    def without_fused(*args, **kwargs):  # a torch whose AdamW takes no `fused`
+        if "fused" in kwargs:
+            raise TypeError("__init__() got an unexpected keyword argument 'fused'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timm.optim, "create_optimizer_v2", without_fused)
+    plain = adamw(model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.95))
+    assert isinstance(plain, torch.optim.AdamW) and not plain.defaults["fused"]
+    assert [(g["weight_decay"], len(g["params"])) for g in plain.param_groups] == [(0.0, 3), (0.05, 1)]
+    assert all(g["lr"] == 1e-3 and g["betas"] == (0.9, 0.95) for g in plain.param_groups)
+
+
 @pytest.mark.parametrize("config", [PretrainConfig, LinprobeConfig, FinetuneConfig])
 def test_lr_is_blr_times_effective_batch_over_256(config):
     from dataclasses import replace
