@@ -36,7 +36,7 @@ def run_phase(marker: list[str], slowest: int, paths: list[str] = ()) -> dict:
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     cases = [(float(c.get("time", 0)), f"{c.get('classname')}::{c.get('name')}") for c in root.iter("testcase")]
     return {"command": " ".join(["python", *BASE, *marker, *paths]), "exit_code": proc.returncode,
-            "wall_s": round(seconds, 1), **counts, "test_seconds": round(sum(t for t, _ in cases), 1),
+            "seconds": round(seconds, 1), **counts, "test_seconds": round(sum(t for t, _ in cases), 1),
             "slowest": [{"test": n, "s": round(t, 1)} for t, n in sorted(cases, reverse=True)[:slowest]]}  # fmt: skip
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     record.update({name: run_phase(PHASES[name], args.slowest) for name in args.phases})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: {"wall_s": v["wall_s"], "tests": v["tests"]} for k, v in record.items() if k in PHASES}))
+    print(json.dumps({k: {"seconds": v["seconds"], "tests": v["tests"]} for k, v in record.items() if k in PHASES}))
     sys.exit(max(record[name]["exit_code"] for name in args.phases))
 
 
