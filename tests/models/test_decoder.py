@@ -92,6 +92,7 @@ def test_a_decoder_built_from_its_grid_alone_is_the_papers():
     assert (dec.num_prefix_tokens, dec.predict_ratio, dec.pred.out_features) == (1, 1.0, 4 * 4 * 3)
     assert dec.blocks[0].mlp.fc1.out_features == 2048 and dec.blocks[0].attn.num_heads == 16
     assert all(b.attn.qkv.bias is not None for b in dec.blocks)
+    assert not dec.pos_embed.requires_grad  # fixed by the decoder itself, not only by the MAE that holds it
     norms = [m for m in dec.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert len(norms) == 17 and all(m.eps == 1e-6 for m in norms)
     assert dec(torch.randn(2, 1 + 2, 768), torch.randperm(6).repeat(2, 1))[0].shape == (2, 6, 48)
