@@ -3,7 +3,8 @@
 # shared by the commands that follow each other within LOCK_WINDOW_S seconds (default 30; 0: each command waits
 # for the lock itself). Mutation testing runs hundreds of test commands of seconds each; waiting in line for the
 # lock before every one of them, behind other jobs of minutes, would take hours. A holder process waits for the
-# lock, holds it for the window, then gives it back once the command running at the time has ended.
+# lock and holds it for the window (or until no command has run for 5 s), then gives it back once the command
+# running at the time has ended.
 #   scripts/lock_window.sh python -m pytest -x -q tests/train/test_schedule.py
 set -euo pipefail
 lock=${MAE_CPU_LOCK:-/tmp/mae-cpu.lock}
@@ -19,7 +20,10 @@ exec 8>"$gate"
 until flock -s 8 && [ -e "$held" ]; do
   flock -u 8
   ( flock -n 9 || exit 0  # one holder at a time
-    flock "$lock" bash -c "touch '$held'; sleep $window; flock '$gate' rm -f '$held'"
+    flock "$lock" bash -c "touch '$held'; idle=0; end=\$((SECONDS + $window))
+      while [ \$SECONDS -lt \$end ] && [ \$idle -lt 5 ]; do  # or no command for 5 s: the commands have ended
+        sleep 1; if flock -n '$gate' true; then idle=\$((idle + 1)); else idle=0; fi
+      done; flock '$gate' rm -f '$held'"
   ) 9>"$dir/holder" 8>&- </dev/null >/dev/null 2>&1 &
   sleep 1
 done

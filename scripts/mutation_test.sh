@@ -9,20 +9,28 @@
 # The tests run under the machine's CPU lock through scripts/lock_window.sh: consecutive mutants share one hold of
 # it for up to LOCK_WINDOW_S seconds (default 30; 0 = each mutant waits for the lock alone), then other jobs go.
 set -euo pipefail
+# mutmut's runner (run without a shell): one mutant's tests. mutmut 2 counts only exit status 1 as failing tests, so
+# a mutant that breaks an import (pytest's 2) or runs past the limit (124) would pass as a survivor: every failure
+# exits 1.
+if [ "${1:-}" = --run ]; then
+  shift
+  "$(dirname "$0")/lock_window.sh" timeout "${MUTANT_TIMEOUT_S:-300}" "$@" || exit 1
+  exit 0
+fi
 module=${1:?usage: $0 MODULE.py "PYTEST SELECTION" [MUTMUT RUN ARGS]}
 tests=${2:?usage: $0 MODULE.py "PYTEST SELECTION" [MUTMUT RUN ARGS]}
 python -c 'import importlib.metadata as m; assert m.version("mutmut") == "2.5.1"' 2>/dev/null \
   || pip install "mutmut==2.5.1"  # the `mutation` extra
 export PYTHONPATH=$PWD OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-limit=${MUTANT_TIMEOUT_S:-300}  # a mutant whose tests run longer than this (an endless loop) counts as killed
-runner="scripts/lock_window.sh timeout $limit python -m pytest -x -q -p no:randomly -p no:cacheprovider $tests"
+export MUTANT_TIMEOUT_S=${MUTANT_TIMEOUT_S:-300}  # tests running longer (an endless loop) kill the mutant
+runner="scripts/mutation_test.sh --run python -m pytest -x -q -p no:randomly -p no:cacheprovider $tests"
 find "$(dirname "$module")" -name '__pycache__' -prune -exec rm -rf {} +  # no bytecode of an earlier mutant
 # The baseline: the unmutated tests must pass.
 out=$(eval "$runner") || { echo "$module: the tests fail without mutations: $runner" >&2; echo "$out"; exit 1; }
 echo "baseline: ${out##*$'\n'}"
 # mutmut's own timeout is 10x its baseline, which would count other jobs' time on the lock; a cached baseline
-# of an hour lifts it out of the way, and `timeout $limit` above bounds each mutant's tests instead.
+# of an hour lifts it out of the way, and MUTANT_TIMEOUT_S bounds each mutant's tests instead.
 python -c "from mutmut.cache import hash_of_tests, set_cached_test_time as s; s(3600, hash_of_tests(['tests']))"
 mutmut run --paths-to-mutate "$module" --tests-dir tests --runner "$runner" --no-progress --simple-output \
   "${@:3}" || true
