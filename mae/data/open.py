@@ -36,7 +36,7 @@ from PIL import Image
 
 from mae.data.demo import DemoSource
 from mae.data.folder import open_folder
-from mae.data.hf import DATASET_LABEL, is_saved_dataset, open_hf
+from mae.data.hf import DATASET_LABEL, is_saved_dataset, load_hf_dataset, open_hf
 from mae.data.shards import is_shard_set, open_shards
 from mae.data.streaming import StreamSource, not_streamable
 from mae.errors import DataError
@@ -231,6 +231,14 @@ def stand_in_error(path: str, option: str) -> DataError:
         f"{option} {path}: a datasets.Dataset handed to the Python API is recorded by its fingerprint only; "
         "hand the object again, or save it (Dataset.save_to_disk) and give its folder"
     )
+
+
+def dataset_named(path: Any, option: str) -> Any:
+    """The `datasets.Dataset` that `path` names (`is_dataset(path)`): the object itself, or loaded from
+    `hf:NAME[:split]` or a `save_to_disk` folder; the object's stand-in in a record is refused."""
+    if isinstance(path, str) and path.startswith(STAND_IN):
+        raise stand_in_error(path, option)
+    return path if is_dataset_object(path) else load_hf_dataset(path, option)
 
 
 def recorded_path(value: Any) -> Any:

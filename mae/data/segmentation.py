@@ -20,10 +20,10 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from mae.data.folder import FolderSource
-from mae.data.hf import DATASET_LABEL, load_hf_dataset
+from mae.data.hf import DATASET_LABEL
 from mae.data.images import iter_image_files
 from mae.data.masks import MaskedSource, read_mask
-from mae.data.open import STAND_IN, is_dataset, is_dataset_object, stand_in_error
+from mae.data.open import dataset_named, is_dataset, is_dataset_object
 from mae.data.segmentation_hf import SegmentationHF
 from mae.data.transforms import DecodedImages, sample_seed
 from mae.errors import DataError
@@ -105,12 +105,9 @@ def open_segmentation(path: Any, *, num_classes: int | None, option: str, classe
     or a `datasets` dataset (`hf:NAME[:split]`, a `save_to_disk` folder, the object) read through its image and mask
     columns; a one-line `DataError` for anything else."""
     if is_dataset(path):
-        if isinstance(path, str) and path.startswith(STAND_IN):
-            raise stand_in_error(path, option)
-        dataset = path if is_dataset_object(path) else load_hf_dataset(path, option)
         label = DATASET_LABEL if is_dataset_object(path) else path
-        return SegmentationHF(dataset, image_column=image_column, mask_column=mask_column, label=label,
-                              num_classes=num_classes)  # fmt: skip
+        return SegmentationHF(dataset_named(path, option), image_column=image_column, mask_column=mask_column,
+                              label=label, num_classes=num_classes)  # fmt: skip
     if not isinstance(path, str) or not Path(path).is_dir():
         raise DataError(f"{option} {path}: no such folder; give a folder with images/ and masks/, or a `datasets` "
                         "dataset (a save_to_disk folder or hf:NAME[:split])")  # fmt: skip

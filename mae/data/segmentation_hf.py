@@ -12,13 +12,12 @@ Image column beside the images; the images are the first other Image column unle
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from mae.data.hf import HFSource, find_image_column, is_saved_dataset, is_text, load_hf_dataset
+from mae.data.hf import HFSource, find_image_column, is_text
 from mae.data.masks import MaskedSource, mask_indices
 from mae.errors import DataError
 
@@ -49,14 +48,6 @@ def mask_class_names(feature: Any) -> list[str] | None:
     while feature is not None and not isinstance(feature, ClassLabel):
         feature = _element(feature)
     return list(feature.names) if feature is not None else None
-
-
-def datasets_source(path: Any):
-    """The `datasets.Dataset` that `path` names (the object itself, `hf:NAME[:split]` or a `save_to_disk` folder);
-    None for any other source."""
-    if not isinstance(path, (str, os.PathLike)):
-        return path if hasattr(path, "features") else None
-    return load_hf_dataset(str(path)) if str(path).startswith("hf:") or is_saved_dataset(str(path)) else None
 
 
 def image_column_to_segment(features, image_column: str | None, label: str) -> str:

@@ -16,8 +16,9 @@ from PIL import Image
 from mae.config import ConfigError, PredictConfig
 from mae.data.folder import FolderSource
 from mae.data.hf import HFSource
+from mae.data.open import dataset_named, is_dataset
 from mae.data.segmentation import IMAGES, is_segmentation_folder
-from mae.data.segmentation_hf import datasets_source, image_column_to_segment
+from mae.data.segmentation_hf import image_column_to_segment
 from mae.data.transforms import load_image
 from mae.errors import CheckpointError
 from mae.figures import as_rgb
@@ -43,9 +44,10 @@ def predict_masks(cfg: PredictConfig, images_source: Callable[[PredictConfig], A
     if cfg.data.path and is_segmentation_folder(cfg.data.path):
         source = FolderSource(Path(cfg.data.path) / IMAGES)
     else:
-        dataset = datasets_source(cfg.data.path) if cfg.data.path and cfg.data.image_column is None else None
-        if dataset is not None:  # a dataset may list its masks first: its images are the column beside them
-            column = image_column_to_segment(dataset.features, None, "--data.path")
+        if cfg.data.path and cfg.data.image_column is None and is_dataset(cfg.data.path):
+            # a dataset may list its masks first: its images are the column beside them
+            features = dataset_named(cfg.data.path, "--data.path").features
+            column = image_column_to_segment(features, None, "--data.path")
             cfg = replace(cfg, data=replace(cfg.data, image_column=column))
         source = images_source(cfg)
     out = Path(cfg.output_dir)
