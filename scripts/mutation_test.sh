@@ -14,7 +14,7 @@ set -euo pipefail
 # exits 1.
 if [ "${1:-}" = --run ]; then
   shift
-  "$(dirname "$0")/lock_window.sh" timeout "${MUTANT_TIMEOUT_S:-300}" "$@" || exit 1
+  "$(dirname "$0")/lock_window.sh" timeout $((${MUTANT_TIMEOUT_S:-300} + 30)) "$@" || exit 1
   exit 0
 fi
 module=${1:?usage: $0 MODULE.py "PYTEST SELECTION" [MUTMUT RUN ARGS]}
@@ -24,7 +24,19 @@ python -c 'import importlib.metadata as m; assert m.version("mutmut") == "2.5.1"
 export PYTHONPATH=$PWD OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export MUTANT_TIMEOUT_S=${MUTANT_TIMEOUT_S:-300}  # tests running longer (an endless loop) kill the mutant
-runner="scripts/mutation_test.sh --run python -m pytest -x -q -p no:randomly -p no:cacheprovider $tests"
+# The tests run in children of scripts/mutation_server.py, which has imported torch & co. once (it never imports
+# mae, so each child reads the mutant from disk); MUTATION_SERVER=0 runs each mutant's pytest in a new process.
+sock=/tmp/mae-mutation-$$.sock
+if [ "${MUTATION_SERVER:-1}" != 0 ]; then
+  python scripts/mutation_server.py --serve "$sock" > "/tmp/mae-mutation-$$.log" 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null; rm -f "$sock"' EXIT
+  until [ -S "$sock" ]; do kill -0 $server || { cat "/tmp/mae-mutation-$$.log"; exit 1; }; sleep 1; done
+  pytest="python scripts/mutation_server.py --client $sock"
+else
+  pytest="python -m pytest"
+fi
+runner="scripts/mutation_test.sh --run $pytest -x -q -p no:randomly -p no:cacheprovider $tests"
 find "$(dirname "$module")" -name '__pycache__' -prune -exec rm -rf {} +  # no bytecode of an earlier mutant
 # The baseline: the unmutated tests must pass.
 out=$(eval "$runner") || { echo "$module: the tests fail without mutations: $runner" >&2; echo "$out"; exit 1; }
