@@ -18,22 +18,13 @@ import sys
 import time
 
 _EXIT = "\n@@mutation-server-exit "
-_PRELOAD = (
-    "torch",
-    "torchvision",
-    "timm",
-    "accelerate",
-    "numpy",
-    "PIL.Image",
-    "safetensors.torch",
-    "jsonargparse",
-    "datasets",
-    "onnx",
-    "onnxruntime",
-    "pytest",
-    "_pytest.python",
-    "_pytest.fixtures",
-)
+_PRELOAD = (  # what a test run imports from outside the project, pytest's plugins included (pytest would otherwise
+    # rewrite their asserts on every run; already imported, they are only warned about)
+    "torch", "torchvision", "timm", "accelerate", "numpy", "PIL.Image", "safetensors.torch", "jsonargparse", "datasets",
+    "onnx", "onnxruntime", "yaml", "tqdm", "pytest", "_pytest.python", "_pytest.fixtures", "hypothesis",
+    "_hypothesis_pytestplugin", "anyio", "anyio.pytest_plugin", "pytest_benchmark.plugin", "platformdirs",
+    "xdist.plugin", "xdist.looponfail", "pytest_timeout", "pytest_randomly",
+)  # fmt: skip
 
 
 def _child(conn, request):

@@ -10,7 +10,9 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
+import time
 from dataclasses import asdict
 
 import pytest
@@ -284,10 +286,46 @@ def test_a_batch_with_no_readable_image_trains_on_nothing_and_its_files_are_name
     assert [r["loss"] for r in logs] == pytest.approx(windows, rel=1e-6) and state.rerun_batches == 0
 
 
-def test_an_epoch_with_no_readable_image_is_one_line(tmp_path, accelerator):
-    with pytest.raises(TrainingError, match=r"^no image of epoch 1 could be read: .*\(2 warned above, e.g. file0.png"):
+@pytest.mark.parametrize("batches", [1, 2])
+def test_an_epoch_with_no_readable_image_is_one_line(tmp_path, accelerator, batches):
+    with pytest.raises(TrainingError) as error:
         with pytest.warns(UserWarning):
-            run_fit(tmp_path, accelerator(), make_batches(2, unreadable=(0, 1)))
+            run_fit(tmp_path, accelerator(), make_batches(batches, unreadable=range(batches)))
+    assert str(error.value) == (
+        f"no image of epoch 1 could be read: every file was skipped as unreadable ({batches} warned above, e.g. "
+        "file0.png); check --data.path (and --data.image_column)"
+    )
+    unnamed = make_batches(2, unreadable=(0, 1))
+    for batch in unnamed:
+        del batch["bad"]
+    with pytest.raises(TrainingError, match=r"\(0 warned above, e.g. \?\); check --data.path"):
+        run_fit(tmp_path / "unnamed", accelerator(), unnamed)
+
+
+def test_an_epoch_ending_on_an_unreadable_batch_trains_on_the_others(tmp_path, accelerator):
+    with pytest.warns(UserWarning, match="file3.png"):
+        _, _, _, state = run_fit(tmp_path, accelerator(), make_batches(4, unreadable=(3,)))
+    assert state.step == 8 and state.bad_files == ["file3.png"]
+
+
+def test_resuming_at_the_end_of_an_epoch_reads_no_batch_and_goes_on(tmp_path, accelerator):
+    state = LoopState(step=4, epoch=0, batch_in_epoch=4)  # saved after the epoch's last batch, before its end
+    _, task, loader, state = run_fit(tmp_path, accelerator(), make_batches(4), state=state)
+    assert loader.calls == [(0, 4), (1, 0)] and state.step == 8 and task.evals == [(1, False), (2, True)]
+
+
+class SlowLoader(ToyLoader):
+    def epoch_batches(self, epoch, skip):
+        for batch in super().epoch_batches(epoch, skip):
+            time.sleep(0.1)
+            yield batch
+
+
+def test_the_time_waiting_for_batches_is_logged_as_a_share_of_the_window(tmp_path, accelerator, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ToyLoader", SlowLoader)
+    run_fit(tmp_path, accelerator(), make_batches(4), epochs=1, log_every=4)
+    (record,) = [r for r in read_metrics(tmp_path) if "data_wait" in r]
+    assert 0.6 < record["data_wait"] <= 1  # four waits of 0.1 s in a window of little else
 
 
 def test_on_several_processes_an_unreadable_batch_reruns_the_last_for_no_gradient(tmp_path, accelerator):
@@ -377,3 +415,24 @@ def test_a_compiled_model_reports_its_first_step(tmp_path, accelerator, capsys):
     assert out.count("first step (torch.compile compiling) took") == 1
     run_fit(tmp_path / "eager", accelerator(), make_batches(2))
     assert "torch.compile" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("progress", "main", "shown"), [(True, True, True), (False, True, False), (True, False, False)]
+)
+def test_the_progress_bar_is_the_main_process_s_and_follows_the_terminal(tmp_path, accelerator, monkeypatch, progress,
+                                                                          main, shown):  # fmt: skip
+    bars = []
+
+    class Bar(loop_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            bars.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    class Process(TwoProcesses):
+        num_processes = 1
+        is_main_process = main
+
+    monkeypatch.setattr(loop_module, "tqdm", Bar)
+    run_fit(tmp_path, accelerator(), make_batches(2), progress=progress, wrap=Process)
+    assert bars == [{"total": 6, "initial": 0, "disable": not shown, "dynamic_ncols": True, "desc": "train"}]
