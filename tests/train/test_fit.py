@@ -49,7 +49,6 @@ def make_batches(n, bad=(), unreadable=()):
         batch = {"id": i, "image": None if i in unreadable else x, "target": y}
         if i in unreadable:
             batch["bad"] = [(f"file{i}.png", "cannot identify image")]
-        batch["x"] = x
         batches.append(batch)
     for i in bad:
         batches[i]["scale"] = math.inf
@@ -58,12 +57,13 @@ def make_batches(n, bad=(), unreadable=()):
 
 class ToyTask:
     def __init__(self, model, hook=None, result=None):
-        self.model, self.hook, self.steps, self.evals, self.lrs = model, hook, 0, [], []
+        self.model, self.hook, self.steps, self.evals, self.lrs, self.forwards = model, hook, 0, [], [], []
         self.result = {"eval": "val", "loss": 0.5, "top1": 50.0, "samples": 4} if result is None else result
         self.optimizer = None
 
     def forward(self, batch):
-        loss = ((self.model(batch["x"]) - batch["target"]) ** 2).mean()
+        self.forwards.append(batch["id"])
+        loss = ((self.model(batch["image"]) - batch["target"]) ** 2).mean()
         return {"loss": loss * batch.get("scale", 1.0)}
 
     def after_step(self):
@@ -162,7 +162,7 @@ def by_hand(batches, *, epochs=2, accum=1, clip=None, groups=False, rerun=()):
     for _ in range(epochs):
         for i, batch in enumerate(batches):
             if batch["image"] is not None:
-                loss = ((model(batch["x"]) - batch["target"]) ** 2).mean() * batch.get("scale", 1.0)
+                loss = ((model(batch["image"]) - batch["target"]) ** 2).mean() * batch.get("scale", 1.0)
                 (loss / accum).backward()
                 if math.isfinite(loss.item()):
                     losses.append(loss.item())
@@ -199,6 +199,7 @@ def test_the_weights_are_those_of_the_loop_written_out(tmp_path, accelerator, ac
         "rerun_batches": 0,
     }
     assert task.steps == steps and loader.calls == [(0, 0), (1, 0)]
+    assert model.weight.grad is None and model.bias.grad is None  # zero_grad(set_to_none=True): no stale zeros
     assert [lrs[0] for lrs in task.lrs] == [SCHEDULE.lr(s) for s in range(steps)]
     logs = [r for r in read_metrics(tmp_path) if "img_per_s" in r]
     assert [r["step"] for r in logs] == list(range(2, steps + 1, 2))
@@ -278,9 +279,9 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_keeping_the_checkpoints(
 def test_a_batch_with_no_readable_image_trains_on_nothing_and_its_files_are_named(tmp_path, accelerator):
     batches = make_batches(4, unreadable=(1,))
     with pytest.warns(UserWarning, match="skipping unreadable image file1.png: cannot identify image"):
-        model, _, _, state = run_fit(tmp_path, accelerator(), batches)
+        model, task, _, state = run_fit(tmp_path, accelerator(), batches)
     reference, windows = by_hand(batches)
-    assert torch.equal(model.weight, reference.weight)
+    assert torch.equal(model.weight, reference.weight) and task.forwards == [0, 2, 3] * 2  # nothing to run on
     logs = [r for r in read_metrics(tmp_path) if "lr" in r]
     assert [r["skipped_files"] for r in logs] == [1] * 4 and state.bad_files == ["file1.png"]
     assert [r["loss"] for r in logs] == pytest.approx(windows, rel=1e-6) and state.rerun_batches == 0
@@ -331,14 +332,26 @@ def test_the_time_waiting_for_batches_is_logged_as_a_share_of_the_window(tmp_pat
 def test_on_several_processes_an_unreadable_batch_reruns_the_last_for_no_gradient(tmp_path, accelerator):
     batches = make_batches(4, unreadable=(2,))
     with pytest.warns(UserWarning, match="file2.png"):
-        model, _, _, state = run_fit(tmp_path, accelerator(), batches, wrap=TwoProcesses)
+        model, task, _, state = run_fit(tmp_path, accelerator(), batches, wrap=TwoProcesses)
     reference, windows = by_hand(batches)
     assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
+    assert task.forwards == [0, 1, 1, 3] * 2 and state.nonfinite_steps == 0  # batch 1 again, its loss x 0
     logs = [r for r in read_metrics(tmp_path) if "lr" in r]
     assert [r["rerun_batches"] for r in logs] == [0, 1, 1, 2] and state.rerun_batches == 2
     assert [r["loss"] for r in logs] == pytest.approx(windows, rel=1e-6)
-    with pytest.raises(TrainingError, match="^process 0 could read none of the images of its first batch"):
+    with pytest.raises(TrainingError) as error:
         run_fit(tmp_path, accelerator(), make_batches(2, unreadable=(0,)), wrap=TwoProcesses)
+    assert str(error.value) == (
+        "process 0 could read none of the images of its first batch, so it cannot take part in the step (the others "
+        "wait on it); fix or remove the unreadable files warned above"
+    )
+    with pytest.warns(UserWarning):
+        run_fit(tmp_path / "two", accelerator(), make_batches(4, unreadable=(1, 2)), wrap=TwoProcesses, log_every=4)
+    assert [r["rerun_batches"] for r in read_metrics(tmp_path / "two") if "lr" in r] == [
+        2,
+        3,
+        4,
+    ]  # logs at 4, 6 (the schedule's end), 8
 
 
 def test_resume_starts_at_the_saved_batch_of_the_saved_epoch(tmp_path, accelerator):
@@ -413,6 +426,7 @@ def test_a_compiled_model_reports_its_first_step(tmp_path, accelerator, capsys):
     )
     out = capsys.readouterr().out
     assert out.count("first step (torch.compile compiling) took") == 1
+    assert 0 <= float(out.split("compiling) took ")[1].split(" s")[0]) < 60
     run_fit(tmp_path / "eager", accelerator(), make_batches(2))
     assert "torch.compile" not in capsys.readouterr().out
 
@@ -422,11 +436,12 @@ def test_a_compiled_model_reports_its_first_step(tmp_path, accelerator, capsys):
 )
 def test_the_progress_bar_is_the_main_process_s_and_follows_the_terminal(tmp_path, accelerator, monkeypatch, progress,
                                                                           main, shown):  # fmt: skip
-    bars = []
+    bars, made = [], []
 
     class Bar(loop_module.tqdm):
         def __init__(self, *args, **kwargs):
             bars.append(kwargs)
+            made.append(self)
             super().__init__(*args, **kwargs)
 
     class Process(TwoProcesses):
@@ -436,3 +451,4 @@ def test_the_progress_bar_is_the_main_process_s_and_follows_the_terminal(tmp_pat
     monkeypatch.setattr(loop_module, "tqdm", Bar)
     run_fit(tmp_path, accelerator(), make_batches(2), progress=progress, wrap=Process)
     assert bars == [{"total": 6, "initial": 0, "disable": not shown, "dynamic_ncols": True, "desc": "train"}]
+    assert made[0].n == (4 if shown else 0)  # one update a step
