@@ -106,6 +106,10 @@ class TwoProcesses:
     def __getattr__(self, name):
         return getattr(self._acc, name)
 
+    def check_trigger(self):
+        self.triggers_read = getattr(self, "triggers_read", 0) + 1
+        return self._acc.check_trigger()
+
 
 def model_and_optimizer(groups=False):
     torch.manual_seed(0)
@@ -367,12 +371,16 @@ def test_a_stop_signal_saves_at_the_next_step_boundary_and_exits(tmp_path, accel
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    made, before = [], signal.getsignal(signal.SIGTERM)
+    keep = (lambda acc: made.append(wrap(acc)) or made[-1]) if wrap else None
     with pytest.raises(SystemExit) as stop:
-        run_fit(tmp_path, accelerator(), make_batches(4), hook=hook, wrap=wrap, checkpoint_every=100)
-    at = 3 if wrap is None else 4  # several processes agree at log steps (every 2)
+        run_fit(tmp_path, accelerator(), make_batches(4), hook=hook, wrap=keep, checkpoint_every=100)
+    at = 3 if wrap is None else 4  # several processes agree at log steps (every 2), through Accelerate's trigger
+    assert [m.triggers_read for m in made] == ([] if wrap is None else [2])
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler the loop found is back
     assert stop.value.code == 0 and [p.name for p in list_checkpoints(tmp_path)] == [f"step_{at:08d}"]
-    assert f"stopped by signal at step {at}; checkpoint saved" in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or not callable(signal.getsignal(signal.SIGTERM))
+    line = f"\nstopped by signal at step {at}; checkpoint saved. Run the same command again to resume.\n"
+    assert line in capsys.readouterr().out
 
 
 def test_a_second_signal_exits_at_once(tmp_path, accelerator):
