@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
@@ -171,3 +172,18 @@ def test_mixup_draws_only_from_its_own_stream():
     mix(torch.zeros(2), torch.zeros(2))
     assert (np.random.get_state()[1] == outer).all()  # the global stream untouched
     assert draws == pytest.approx(list(np.random.RandomState(3).rand(2)))
+
+
+def test_the_classifier_saved_is_the_gathered_state(tmp_path, labeled, encoder, handed, monkeypatch):
+    """Under FSDP only `full_state_dict` holds every weight (each process has a shard): the stage saves what it
+    gathers, not the process's own module (here a marked copy tells them apart)."""
+    real = ft.full_state_dict
+
+    def gathered(accelerator, model):
+        state = real(accelerator, model)
+        return {**state, "head.bias": state["head.bias"] + 1.0}
+
+    monkeypatch.setattr(ft, "full_state_dict", gathered)
+    result = finetune(tmp_path, labeled, encoder, model={"head_init": "random"})
+    saved = load_file(result.export)
+    assert torch.equal(saved["head.bias"], handed["model"].head.bias.detach() + 1.0)
