@@ -118,6 +118,7 @@ def test_the_training_images_decode_at_the_size_the_smallest_crop_needs(tmp_path
     [
         ({}, SoftTargetCrossEntropy),  # the paper's: mixup 0.8, cutmix 1.0, smoothing 0.1
         ({"mixup": 0.0, "cutmix": 0.5}, SoftTargetCrossEntropy),
+        ({"cutmix": 0.0}, SoftTargetCrossEntropy),
         ({"mixup": 0.0, "cutmix": 0.0}, LabelSmoothingCrossEntropy),
         ({"mixup": 0.0, "cutmix": 0.0, "smoothing": 0.0}, torch.nn.CrossEntropyLoss),
     ],
@@ -159,6 +160,9 @@ def test_an_odd_batch_cannot_be_mixed(tmp_path, labeled, encoder, handed):
         "--loop.batch_size 7: mixup and cutmix pair the samples of a batch, so it must be even; choose an even batch "
         "size or set --aug.mixup 0 --aug.cutmix 0"
     )
+    for either in ({"cutmix": 0.0}, {"mixup": 0.0, "cutmix": 0.5}):
+        with pytest.raises(mae.ConfigError, match="^--loop.batch_size 7: mixup and cutmix pair"):
+            finetune(tmp_path, labeled, encoder, loop={"batch_size": 7}, aug=either)
     finetune(tmp_path, labeled, encoder, loop={"batch_size": 7}, aug={"mixup": 0.0, "cutmix": 0.0})  # unmixed: fine
 
 
