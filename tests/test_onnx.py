@@ -84,6 +84,43 @@ def test_metadata_records_input_size_normalisation_opset_and_classes(vit_b):
     assert float(meta["crop_pct"]) == 0.875
 
 
+def test_every_metadata_entry_of_an_encoder_and_a_classifier(tmp_path):
+    """The metadata of small models, entry by entry (ViT-B's are checked by the slow test above)."""
+    import onnx
+
+    from mae.version import __version__
+
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=(16, 32)).eval()
+    model.record_stats((0.5, 0.4, 0.3), (0.2, 0.2, 0.3))
+    encoder_onnx = export_onnx(model, tmp_path / "encoder.onnx", opset=18)
+    spec = mae.models.encoder.EncoderSpec(*model.adapter.timm_architecture(), model.encoder.state_dict(),
+                                          (0.5, 0.4, 0.3), (0.2, 0.2, 0.3), record=model.spec)  # fmt: skip
+    _classifier(tmp_path, spec, ["a", "b"])
+    classifier_onnx = export_onnx(tmp_path, tmp_path / "classifier.onnx")
+    common = {"input_name": "pixel_values", "mean": "[0.5, 0.4, 0.3]", "std": "[0.2, 0.2, 0.3]",
+              "crop_pct": "0.875", "interpolation": "bicubic", "mae_version": __version__}  # fmt: skip
+    meta = onnx_metadata(encoder_onnx)
+    assert meta.pop("mae_spec") and meta == {
+        **common, "mae_kind": "encoder", "outputs": '["features", "tokens"]', "input_size": "[3, 16, 32]", "opset": "18"
+    }  # fmt: skip
+    meta = onnx_metadata(classifier_onnx)
+    assert meta.pop("mae_spec") and meta == {
+        **common, "mae_kind": "classifier", "outputs": '["logits"]', "input_size": "[3, 16, 32]", "opset": "17",
+        "classes": '["a", "b"]',
+    }  # fmt: skip
+    for path, opset, outputs in ((encoder_onnx, 18, ["features", "tokens"]), (classifier_onnx, 17, ["logits"])):
+        proto = onnx.load(str(path), load_external_data=False)
+        assert {o.domain: o.version for o in proto.opset_import}[""] == opset
+        assert [i.name for i in proto.graph.input] == ["pixel_values"] and [
+            o.name for o in proto.graph.output
+        ] == outputs
+        assert all(
+            v.type.tensor_type.shape.dim[0].dim_param == "batch" for v in [*proto.graph.input, *proto.graph.output]
+        )
+        architecture = "" if path == encoder_onnx else "vit_tiny_patch16_224 "  # timm's name; an encoder's cfg has none
+        assert proto.doc_string == f"{architecture}exported by mae {__version__}"
+
+
 @pytest.mark.parametrize("in_chans", [1, 13])
 def test_any_channel_count_encoder_and_classifier(tmp_path, in_chans):
     model = mae.create_mae("mae_vit_micro_patch8", in_chans=in_chans).eval()
