@@ -60,6 +60,15 @@ def make_images(root, n=32, size=40, seed=0, nested=True, formats=("png", "jpg")
     return paths
 
 
+@pytest.fixture(scope="module")
+def micro_encoder(tmp_path_factory):
+    """A random micro ViT's encoder export (seed 0), made once per test module."""
+    import mae
+
+    torch.manual_seed(0)
+    return mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path_factory.mktemp("enc") / "e.safetensors")
+
+
 @pytest.fixture
 def image_folder(tmp_path):
     make_images(tmp_path / "images")

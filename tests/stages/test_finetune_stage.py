@@ -29,12 +29,6 @@ def labeled(tmp_path_factory):
     return make_labeled(tmp_path_factory.mktemp("labeled"), per_class=8)
 
 
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    torch.manual_seed(0)
-    return mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), tmp_path_factory.mktemp("enc") / "e.safetensors")
-
-
 @pytest.fixture
 def handed(monkeypatch):
     """What the stage gives `train`, `LabeledSamples` and `predict` (the probe's features), recorded."""
@@ -70,9 +64,9 @@ def finetune(tmp_path, labeled, encoder, **sections):
 
 
 def test_the_probe_head_is_the_regularised_logistic_regression_optimum_and_is_logged(
-    tmp_path, labeled, encoder, handed, capsys
+    tmp_path, labeled, micro_encoder, handed, capsys
 ):
-    finetune(tmp_path, labeled, encoder)
+    finetune(tmp_path, labeled, micro_encoder)
     (x, y), (vx, vy) = handed["features"]  # the training images', then the validation images'
     weight, bias = (t.clone().requires_grad_() for t in handed["head"])
     objective = torch.nn.functional.cross_entropy(x @ weight.T + bias, y) + 1e-4 * weight.pow(2).sum()
@@ -89,25 +83,25 @@ def test_the_probe_head_is_the_regularised_logistic_regression_optimum_and_is_lo
     assert line in capsys.readouterr().out.splitlines()
 
 
-def test_a_random_head_is_the_papers_near_zero_one_and_nothing_is_probed(tmp_path, labeled, encoder, handed):
-    finetune(tmp_path, labeled, encoder, model={"head_init": "random"})
+def test_a_random_head_is_the_papers_near_zero_one_and_nothing_is_probed(tmp_path, labeled, micro_encoder, handed):
+    finetune(tmp_path, labeled, micro_encoder, model={"head_init": "random"})
     assert handed["preamble"] == [] and handed["features"] == []
     assert 0 < handed["head"][0].std() < 1e-4  # trunc_normal_(std=2e-5)
 
 
-def test_a_resumed_run_fits_no_probe(tmp_path, labeled, encoder, handed, monkeypatch):
+def test_a_resumed_run_fits_no_probe(tmp_path, labeled, micro_encoder, handed, monkeypatch):
     real = ft.open_downstream
 
     def resuming(cfg):
         return dataclasses.replace(real(cfg), resume_from=tmp_path / "checkpoints" / "step_00000001")
 
     monkeypatch.setattr(ft, "open_downstream", resuming)
-    finetune(tmp_path, labeled, encoder)
+    finetune(tmp_path, labeled, micro_encoder)
     assert handed["preamble"] == [] and handed["features"] == []
 
 
-def test_the_training_images_decode_at_the_size_the_smallest_crop_needs(tmp_path, labeled, encoder, handed):
-    finetune(tmp_path, labeled, encoder, model={"img_size": 224}, aug={"crop_scale": [0.08, 1.0]})
+def test_the_training_images_decode_at_the_size_the_smallest_crop_needs(tmp_path, labeled, micro_encoder, handed):
+    finetune(tmp_path, labeled, micro_encoder, model={"img_size": 224}, aug={"crop_scale": [0.08, 1.0]})
     (kwargs,) = handed["samples"]
     assert kwargs["decode_side"] == crop_decode_side((224, 224), 0.08) != crop_decode_side((224, 224), 1.0)
 
@@ -122,9 +116,9 @@ def test_the_training_images_decode_at_the_size_the_smallest_crop_needs(tmp_path
         ({"mixup": 0.0, "cutmix": 0.0, "smoothing": 0.0}, torch.nn.CrossEntropyLoss),
     ],
 )
-def test_mixing_and_smoothing_pick_the_loss_and_mixup_is_checkpointed(tmp_path, labeled, encoder, handed, aug,
+def test_mixing_and_smoothing_pick_the_loss_and_mixup_is_checkpointed(tmp_path, labeled, micro_encoder, handed, aug,
                                                                       criterion):  # fmt: skip
-    finetune(tmp_path, labeled, encoder, aug=aug)
+    finetune(tmp_path, labeled, micro_encoder, aug=aug)
     task, acc = handed["task"], handed["accelerator"]
     assert type(task.criterion) is criterion
     options = {"mixup": 0.8, "cutmix": 1.0, "smoothing": 0.1, **aug}
@@ -138,31 +132,33 @@ def test_mixing_and_smoothing_pick_the_loss_and_mixup_is_checkpointed(tmp_path, 
         assert task.mixup is None and acc._custom_objects == []
 
 
-def test_an_ema_is_kept_and_checkpointed_only_when_asked(tmp_path, labeled, encoder, handed):
-    finetune(tmp_path, labeled, encoder)
+def test_an_ema_is_kept_and_checkpointed_only_when_asked(tmp_path, labeled, micro_encoder, handed):
+    finetune(tmp_path, labeled, micro_encoder)
     assert handed["task"].ema is None
-    finetune(tmp_path / "ema", labeled, encoder, model={"ema_decay": 0.5})
+    finetune(tmp_path / "ema", labeled, micro_encoder, model={"ema_decay": 0.5})
     ema = handed["task"].ema
     assert isinstance(ema, ModelEmaV3) and ema.decay == 0.5 and ema in handed["accelerator"]._custom_objects
 
 
-def test_the_start_line_names_the_encoder_the_images_and_the_classes(tmp_path, labeled, encoder, handed):
-    finetune(tmp_path, labeled, encoder)
+def test_the_start_line_names_the_encoder_the_images_and_the_classes(tmp_path, labeled, micro_encoder, handed):
+    finetune(tmp_path, labeled, micro_encoder)
     assert handed["title"].startswith("fine-tuning a ") and handed["title"].endswith(" on 18 images, 3 classes")
     assert get_stage("finetune").description == "Fine-tune the whole ViT with a fresh classifier head."
 
 
-def test_an_odd_batch_cannot_be_mixed(tmp_path, labeled, encoder, handed):
+def test_an_odd_batch_cannot_be_mixed(tmp_path, labeled, micro_encoder, handed):
     with pytest.raises(mae.ConfigError) as error:
-        finetune(tmp_path, labeled, encoder, loop={"batch_size": 7})
+        finetune(tmp_path, labeled, micro_encoder, loop={"batch_size": 7})
     assert str(error.value) == (
         "--loop.batch_size 7: mixup and cutmix pair the samples of a batch, so it must be even; choose an even batch "
         "size or set --aug.mixup 0 --aug.cutmix 0"
     )
     for either in ({"cutmix": 0.0}, {"mixup": 0.0, "cutmix": 0.5}):
         with pytest.raises(mae.ConfigError, match="^--loop.batch_size 7: mixup and cutmix pair"):
-            finetune(tmp_path, labeled, encoder, loop={"batch_size": 7}, aug=either)
-    finetune(tmp_path, labeled, encoder, loop={"batch_size": 7}, aug={"mixup": 0.0, "cutmix": 0.0})  # unmixed: fine
+            finetune(tmp_path, labeled, micro_encoder, loop={"batch_size": 7}, aug=either)
+    finetune(
+        tmp_path, labeled, micro_encoder, loop={"batch_size": 7}, aug={"mixup": 0.0, "cutmix": 0.0}
+    )  # unmixed: fine
 
 
 def test_mixup_draws_only_from_its_own_stream():
@@ -177,7 +173,7 @@ def test_mixup_draws_only_from_its_own_stream():
     assert draws == pytest.approx(list(np.random.RandomState(3).rand(2)))
 
 
-def test_the_classifier_saved_is_the_gathered_state(tmp_path, labeled, encoder, handed, monkeypatch):
+def test_the_classifier_saved_is_the_gathered_state(tmp_path, labeled, micro_encoder, handed, monkeypatch):
     """Under FSDP only `full_state_dict` holds every weight (each process has a shard): the stage saves what it
     gathers, not the process's own module (here a marked copy tells them apart)."""
     real = ft.full_state_dict
@@ -187,6 +183,6 @@ def test_the_classifier_saved_is_the_gathered_state(tmp_path, labeled, encoder, 
         return {**state, "head.bias": state["head.bias"] + 1.0}
 
     monkeypatch.setattr(ft, "full_state_dict", gathered)
-    result = finetune(tmp_path, labeled, encoder, model={"head_init": "random"})
+    result = finetune(tmp_path, labeled, micro_encoder, model={"head_init": "random"})
     saved = load_file(result.export)
     assert torch.equal(saved["head.bias"], handed["model"].head.bias.detach() + 1.0)

@@ -31,10 +31,8 @@ def labeled(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("enc") / "encoder.safetensors"
-    return mae.export_encoder(mae.create_mae("mae_vit_micro_patch8"), path)
+def encoder(micro_encoder):
+    return micro_encoder
 
 
 def run(stage, *args) -> int:
