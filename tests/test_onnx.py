@@ -2,6 +2,7 @@
 batch size and channel count, with the input size and normalisation in the model's metadata."""
 
 import json
+import warnings
 
 import numpy as np
 import onnxruntime as ort  # the [onnx] extra, in dev: missing, the suite fails rather than skips
@@ -82,6 +83,22 @@ def test_metadata_records_input_size_normalisation_opset_and_classes(vit_b):
     assert json.loads(meta["classes"]) == [f"c{i}" for i in range(10)]
     assert json.loads(meta["mean"]) == [0.5, 0.4, 0.3] and json.loads(meta["std"]) == [0.2, 0.2, 0.3]
     assert float(meta["crop_pct"]) == 0.875
+
+
+def test_a_missing_source_is_one_line(tmp_path):
+    with pytest.raises(mae.CheckpointError) as error:
+        export_onnx(tmp_path / "none.safetensors", tmp_path / "none.onnx")
+    assert str(error.value) == f"{tmp_path / 'none.safetensors'}: no such file or folder"
+
+
+def test_an_encoder_only_file_exports_without_the_decoder_warning(tmp_path):
+    """Given an input size, the export reads the file as a whole model, whose loader warns that the decoder is fresh;
+    the export keeps no decoder, so it says nothing."""
+    mae.export_encoder(mae.create_mae("mae_vit_micro_patch8", img_size=32), tmp_path / "enc.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(tmp_path / "enc.safetensors", tmp_path / "enc.onnx", img_size=(32, 32))
+    assert [str(w.message) for w in caught if "encoder only" in str(w.message)] == []
 
 
 def test_every_metadata_entry_of_an_encoder_and_a_classifier(tmp_path):
@@ -197,5 +214,13 @@ def test_the_exports_own_check_refuses_a_wrong_graph_and_checks_nothing_without_
     with pytest.raises(CheckpointError, match=r"bad\.onnx: onnxruntime's outputs differ from torch's by up to .* at "
                        r"batch 1; the export is wrong$"):  # fmt: skip
         export_onnx(right, tmp_path / "bad.onnx")
+    nudged = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    nudged.load_state_dict(right.state_dict())
+    with torch.no_grad():
+        nudged.encoder.norm.bias += 1e-2  # off by 0.01 in every output: a hundred times the tolerance
+    close = onnx_export._Outputs(onnx_export.open_deployable(nudged, None).model, False).eval()
+    monkeypatch.setattr(torch.onnx, "export", lambda _net, *a, **k: real(close, *a, **k))
+    with pytest.raises(CheckpointError, match="the export is wrong$"):
+        export_onnx(right, tmp_path / "close.onnx")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails as where it is not installed
     assert onnx_export.check_onnx(tmp_path / "bad.onnx", net) == 0.0

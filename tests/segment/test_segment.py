@@ -84,9 +84,15 @@ def test_predict_writes_the_masks_the_logged_evaluation_scored(trained, scenes, 
 
 
 def test_the_onnx_export_gives_torchs_per_pixel_logits(trained, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort  # the [onnx] extra, in dev: missing, the suite fails rather than skips
+
+    from mae.weights.onnx import onnx_metadata
+
     _, out = trained
     path = mae.export(checkpoint=out, output=tmp_path / "seg.onnx", format="onnx").export
+    meta = onnx_metadata(path)
+    assert (meta["mae_kind"], meta["outputs"], meta["classes"]) == ("segmenter", '["logits"]', '["0", "1"]')
+    assert (meta["input_size"], meta["crop_pct"]) == ("[3, 32, 32]", "1.0")  # a segmenter sees the whole image
     model = mae.load_segmenter(out).model
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x.numpy()})[0]
