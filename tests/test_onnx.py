@@ -97,7 +97,8 @@ def test_an_encoder_only_file_exports_without_the_decoder_warning(tmp_path):
     mae.export_encoder(mae.create_mae("mae_vit_micro_patch8", img_size=32), tmp_path / "enc.safetensors")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        export_onnx(tmp_path / "enc.safetensors", tmp_path / "enc.onnx", img_size=(32, 32))
+        out = export_onnx(tmp_path / "enc.safetensors", tmp_path / "new" / "folders" / "enc.onnx", img_size=(32, 32))
+    assert out.is_file()  # the folders made on the way
     assert [str(w.message) for w in caught if "encoder only" in str(w.message)] == []
 
 
@@ -188,6 +189,10 @@ def test_unknown_input_size_is_one_line_and_img_size_fixes_it(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "input size is unknown" in err and "--img_size" in err
+    with pytest.raises(mae.CheckpointError) as error:
+        export_onnx(tmp_path / "enc.pth", tmp_path / "e.onnx")
+    assert str(error.value).startswith(f"{tmp_path / 'enc.pth'}: its input size is unknown (")
+    assert str(error.value).endswith("); give it with --img_size H W")
     assert main([*argv, "--img_size", "[16, 32]"]) == 0
     x = torch.randn(2, 3, 16, 32)
     with torch.no_grad():
