@@ -193,3 +193,49 @@ def test_bad_files_are_one_line_errors(tmp_path):
             warnings.simplefilter("error")
             with pytest.raises(err, match="no such file"):
                 mae.load_pretrained(tmp_path / "missing.pth")
+
+
+class _Code:
+    """An object whose unpickling would run code of this module: refused by a weights-only load."""
+
+
+def test_a_checkpoint_read_says_what_is_wrong_with_the_file_in_one_line(tmp_path, monkeypatch):
+    import pickle
+
+    from mae.weights.importers import read_tensors
+
+    path = tmp_path / "code.pth"
+    torch.save({"model": _Code()}, path)
+    try:
+        torch.load(str(path), weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).splitlines()[0]
+    with pytest.raises(CheckpointError) as error:
+        read_tensors(path)
+    assert str(error.value) == (
+        f"{path}: refusing to load: it needs pickled code to run ({reason}); re-save its state dict or convert it to "
+        "safetensors"
+    )
+
+    def unpickle_error(*args, **kwargs):
+        raise pickle.UnpicklingError()
+
+    monkeypatch.setattr(torch, "load", unpickle_error)
+    with pytest.raises(CheckpointError, match=r"needs pickled code to run \(unsupported pickle\); re-save"):
+        read_tensors(path)
+    monkeypatch.undo()
+    (tmp_path / "cut.pth").write_bytes(path.read_bytes()[:40])
+    with pytest.raises(CheckpointError) as error:
+        read_tensors(tmp_path / "cut.pth")
+    assert str(error.value).startswith(f"{tmp_path / 'cut.pth'}: not a readable PyTorch checkpoint, truncated or "
+                                       "corrupt? (") and str(error.value).endswith(")")  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["model", "state_dict", "module", None])
+def test_a_state_dict_is_read_bare_or_under_its_usual_keys(tmp_path, key):
+    from mae.weights.importers import read_tensors
+
+    state = {"w": torch.arange(3.0)}
+    torch.save(state if key is None else {key: state, "epoch": 3}, tmp_path / "c.pth")
+    tensors, meta = read_tensors(tmp_path / "c.pth")
+    assert tensors.keys() == {"w"} and torch.equal(tensors["w"], state["w"]) and meta == {}
