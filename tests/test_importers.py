@@ -239,3 +239,26 @@ def test_a_state_dict_is_read_bare_or_under_its_usual_keys(tmp_path, key):
     torch.save(state if key is None else {key: state, "epoch": 3}, tmp_path / "c.pth")
     tensors, meta = read_tensors(tmp_path / "c.pth")
     assert tensors.keys() == {"w"} and torch.equal(tensors["w"], state["w"]) and meta == {}
+
+
+def test_each_layout_is_named_and_a_stray_patch_embedding_is_no_vit(tmp_path):
+    from mae.weights.importers import to_mae_keys
+
+    official = official_state(decoder=True)
+    encoder_only = official_state(decoder=False)
+    ours = mae.create_mae("mae_vit_micro_patch8").state_dict()
+    hf = mae.weights.importers.mae_to_hf_vitmae(ours)
+    names = [to_mae_keys(s, tmp_path)[1] for s in (official, encoder_only, ours, hf)]
+    assert names == ["official", "timm/official encoder", "mae", "transformers"]
+    with pytest.raises(CheckpointError, match="not a ViT MAE checkpoint: no encoder weights in it"):
+        to_mae_keys({"patch_embed.proj.weight": official["patch_embed.proj.weight"]}, tmp_path)
+
+
+@pytest.mark.parametrize("content", [{"w": 3}, [torch.zeros(1)]])
+def test_a_file_of_other_things_than_tensors_is_one_line(tmp_path, content):
+    from mae.weights.importers import read_tensors
+
+    torch.save(content, tmp_path / "c.pth")
+    with pytest.raises(CheckpointError) as error:
+        read_tensors(tmp_path / "c.pth")
+    assert str(error.value) == f"{tmp_path / 'c.pth'}: expected a state dict of tensors (or {{'model': state_dict}})"
