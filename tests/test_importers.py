@@ -250,8 +250,13 @@ def test_each_layout_is_named_and_a_stray_patch_embedding_is_no_vit(tmp_path):
     hf = mae.weights.importers.mae_to_hf_vitmae(ours)
     names = [to_mae_keys(s, tmp_path)[1] for s in (official, encoder_only, ours, hf)]
     assert names == ["official", "timm/official encoder", "mae", "transformers"]
-    with pytest.raises(CheckpointError, match="not a ViT MAE checkpoint: no encoder weights in it"):
-        to_mae_keys({"patch_embed.proj.weight": official["patch_embed.proj.weight"]}, tmp_path)
+    stray = {k: official["patch_embed.proj.weight"] for k in ("patch_embed.proj.weight", "a", "b", "c")}
+    with pytest.raises(CheckpointError) as error:
+        to_mae_keys(stray, tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path}: not a ViT MAE checkpoint: no encoder weights in it (found keys like ['a', 'b', 'c']; expected "
+        "timm ViT keys such as blocks.0.attn.qkv.weight, transformers' vit.embeddings.*, or this project's encoder.*)"
+    )
 
 
 @pytest.mark.parametrize("content", [{"w": 3}, [torch.zeros(1)]])
