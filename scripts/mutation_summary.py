@@ -99,7 +99,8 @@ def page() -> str:
         detected = c["killed"] + c["timeout"] + c["suspicious"]
         lines.append(
             f"| `{s['module']}` | {c['total']} | {detected} | {c['survived']} | {s['equivalent']} | "
-            f"{s['score_percent']}% | [JSON](mutation/{path.name}) |"
+            f"{s['score_percent']}%{f' ({untested} not run yet)' if (untested := c['untested']) else ''} | "
+            f"[JSON](mutation/{path.name}) |"
         )
     return "\n".join(lines) + "\n"
 
