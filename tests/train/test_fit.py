@@ -11,7 +11,6 @@ import math
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -113,9 +112,13 @@ class TwoProcesses:
 
 
 def model_and_optimizer(groups=False):
+    """A linear model and plain SGD; `groups`: weight and bias in groups of lr scale 1 and 0.5 (True), or of scale 1
+    and none given ("unscaled")."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    if groups:
+    if groups == "unscaled":
+        params = [{"params": [model.weight], "lr_scale": 1.0}, {"params": [model.bias]}]
+    elif groups:
         params = [{"params": [model.weight], "lr_scale": 1.0}, {"params": [model.bias], "lr_scale": 0.5}]
     else:
         params = model.parameters()
@@ -134,13 +137,26 @@ def accelerator():
     GradientState._reset_state()
 
 
-def run_fit(tmp_path, acc, batches, *, epochs=2, accum=1, clip=None, groups=False, state=None, wrap=None, **loop):
+def run_fit(
+    tmp_path,
+    acc,
+    batches,
+    *,
+    epochs=2,
+    accum=1,
+    clip=None,
+    groups=False,
+    state=None,
+    wrap=None,
+    loader=ToyLoader,
+    **loop,
+):
     tmp_path.mkdir(parents=True, exist_ok=True)
     model, opt = model_and_optimizer(groups)
     model, opt = acc.prepare(model, opt)
     task = ToyTask(model, loop.pop("hook", None), loop.pop("result", None))
     task.optimizer = opt
-    loader = ToyLoader(batches)
+    loader = loader(batches)
     options = {"epochs": epochs, "accum_steps": accum, "log_every": 2, "checkpoint_every": 4, "eval_every": 1}
     cfg = LoopConfig(**{**options, "progress": False, **loop})
     state = state or LoopState()
@@ -254,7 +270,7 @@ def test_an_empty_evaluation_writes_no_line_and_a_preview_is_named(tmp_path, acc
     assert "epoch 1/1: recon loss 0.2500, miou 12.50%, pixel acc 80.00% (recon.png)" in capsys.readouterr().out
 
 
-def test_each_group_gets_the_step_lr_times_its_scale_and_the_log_lists_them(tmp_path, accelerator, monkeypatch):
+def test_each_group_gets_the_step_lr_times_its_scale_and_the_log_lists_them(tmp_path, accelerator):
     batches = make_batches(4)
     model, task, _, _ = run_fit(tmp_path, accelerator(), batches, groups=True)
     reference, _ = by_hand(batches, groups=True)
@@ -264,10 +280,7 @@ def test_each_group_gets_the_step_lr_times_its_scale_and_the_log_lists_them(tmp_
     assert [r["group_lrs"] for r in logs] == [[r["lr"], r["lr"] * 0.5] for r in logs]
     run_fit(tmp_path / "one", accelerator(), batches)
     assert all("group_lrs" not in r for r in read_metrics(tmp_path / "one"))
-    model, opt = model_and_optimizer()
-    unscaled = [{"params": [model.weight], "lr_scale": 1.0}, {"params": [model.bias]}]  # a group without a scale: 1
-    monkeypatch.setattr(sys.modules[__name__], "model_and_optimizer", lambda groups: (model, torch.optim.SGD(unscaled)))
-    run_fit(tmp_path / "unscaled", accelerator(), batches)
+    run_fit(tmp_path / "unscaled", accelerator(), batches, groups="unscaled")  # a group without a scale: 1
     assert all("group_lrs" not in r for r in read_metrics(tmp_path / "unscaled"))
 
 
@@ -339,9 +352,8 @@ class SlowLoader(ToyLoader):
             yield batch
 
 
-def test_the_time_waiting_for_batches_is_logged_as_a_share_of_the_window(tmp_path, accelerator, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "ToyLoader", SlowLoader)
-    run_fit(tmp_path, accelerator(), make_batches(4), epochs=1, log_every=4)
+def test_the_time_waiting_for_batches_is_logged_as_a_share_of_the_window(tmp_path, accelerator):
+    run_fit(tmp_path, accelerator(), make_batches(4), epochs=1, log_every=4, loader=SlowLoader)
     (record,) = [r for r in read_metrics(tmp_path) if "data_wait" in r]
     assert 0.6 < record["data_wait"] <= 1  # four waits of 0.1 s in a window of little else
 
