@@ -97,9 +97,9 @@ def page() -> str:
         s = json.loads(path.read_text())
         c = s["counts"]
         detected = c["killed"] + c["timeout"] + c["suspicious"]
+        score = f"{s['score_percent']}%" + (f" ({c['untested']} not run yet)" if c["untested"] else "")
         lines.append(
-            f"| `{s['module']}` | {c['total']} | {detected} | {c['survived']} | {s['equivalent']} | "
-            f"{s['score_percent']}%{f' ({untested} not run yet)' if (untested := c['untested']) else ''} | "
+            f"| `{s['module']}` | {c['total']} | {detected} | {c['survived']} | {s['equivalent']} | {score} | "
             f"[JSON](mutation/{path.name}) |"
         )
     return "\n".join(lines) + "\n"
