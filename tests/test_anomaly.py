@@ -2,6 +2,8 @@
 aggregates, and AUROC / AUPR against brute force."""
 
 import itertools
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -15,9 +17,11 @@ from mae.anomaly_maps import (
     average_precision,
     complementary_noise,
     encoder_features,
+    error_maps,
     gaussian_distance,
     knn_distance,
     load_with_decoder,
+    masked_view_features,
     patch_tokens,
     position_distance,
     position_maps,
@@ -253,8 +257,10 @@ def test_pro_matches_brute_force(seed):
     masks[0, 6:8, 5:9] = True  # two regions in one image, of different sizes
     masks[1, 4, 4] = masks[1, 5, 5] = True  # diagonal neighbours: one region (8-connected)
     maps = rng.integers(0, 8, masks.shape).astype(float) + 3 * masks * rng.random(masks.shape)  # ties, some signal
+    coarse = rng.integers(0, 4, masks.shape) + masks * rng.integers(0, 2, masks.shape)  # ties across the cut
     for max_fpr in (0.3, 0.05, 1.0):
         assert pro_auc(maps, masks, max_fpr) == pytest.approx(brute_pro(maps, masks, max_fpr))
+        assert pro_auc(coarse, masks, max_fpr) == pytest.approx(brute_pro(coarse, masks, max_fpr))
     assert pro_auc(masks.astype(float), masks) == pytest.approx(1.0)  # every region found before any false positive
     assert pro_auc(np.ones(masks.shape), masks) == pytest.approx(0.15)  # one threshold: the diagonal, to 0.3
     assert np.isnan(pro_auc(maps, np.zeros_like(masks)))
@@ -269,3 +275,127 @@ def test_an_encoder_only_file_is_refused(tmp_path):
 
     full = save_model(model, tmp_path / "full.safetensors")
     assert load_with_decoder(full).decoder is not None
+
+
+def test_each_set_keeps_its_own_run_of_the_seeded_permutation():
+    """Set k keeps the k-th run of `keep` patches of the seed's permutation (the last run wrapping round to the
+    first patches where K does not divide L), as documented; `masks` outside [2, L] is one line."""
+    for length, masks in ((16, 4), (10, 3)):
+        noise, ratio = complementary_noise(length, masks, seed=5)
+        keep = -(-length // masks)
+        perm = torch.randperm(length, generator=torch.Generator().manual_seed(5))
+        for k in range(masks):
+            kept = set(noise[k].argsort()[:keep].tolist())
+            assert kept == {int(perm[(k * keep + j) % length]) for j in range(keep)}
+            assert int(length * (1 - ratio)) == keep
+    with pytest.raises(ValueError, match=r"^masks=1: must be in \[2, 16\] \(the patch count\)$"):
+        complementary_noise(16, 1, seed=0)
+
+
+def test_the_map_is_each_patch_error_where_it_was_masked():
+    """With two complementary sets each patch is masked in exactly one, so the map's mean is the mean of the two
+    sets' MAE losses (the loss: the squared error per masked pixel), for a model that predicts something."""
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32, norm_pix_loss=False).eval()
+    x = torch.randn(3, 3, 32, 32)
+    maps, _ = anomaly_maps(model, x, masks=2, seed=4)
+    noise, ratio = complementary_noise(model.num_patches, 2, seed=4)
+    with torch.no_grad():
+        losses = [model(x[i : i + 1], ratio, noise[k][None]).loss for i in range(3) for k in range(2)]
+    torch.testing.assert_close(maps.mean((1, 2)), torch.stack(losses).view(3, 2).mean(1))
+
+
+def test_the_documented_defaults():
+    """masks=4, seed=0, the top 1% of the map; k=5 neighbours; shrinkage 1e-3: each function called bare gives what
+    the same call with the documented values gives, and those differ from their neighbours."""
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    x = torch.randn(4, 3, 32, 32)
+    maps, scores = anomaly_maps(model, x)
+    explicit = anomaly_maps(model, x, masks=4, seed=0, how="topk_mean", top_percent=1.0)
+    assert torch.equal(maps, explicit[0]) and torch.equal(scores, explicit[1])
+    assert torch.equal(error_maps(model, x), maps) and not torch.equal(error_maps(model, x, 5, 0), maps)
+    assert not torch.equal(error_maps(model, x, 4, 1), maps)
+    many = torch.rand(2, 1000, generator=torch.Generator().manual_seed(0))  # 1% = the top 10 of 1,000 pixels
+    assert torch.equal(aggregate(many), many.topk(10).values.mean(1))
+    assert torch.equal(aggregate(many, "topk_mean", 10), many.topk(100).values.mean(1))  # 100, not 99
+    assert torch.equal(encoder_features(model, x, masks=4), encoder_features(model, x, masks=4, seed=0))
+    assert torch.equal(masked_view_features(model, x, 4), masked_view_features(model, x, 4, seed=0))
+    assert not torch.equal(masked_view_features(model, x, 4, seed=1), masked_view_features(model, x, 4))
+    bank, query = torch.randn(30, 6), torch.randn(5, 6)
+    assert torch.equal(knn_distance(bank, query), knn_distance(bank, query, k=5))
+    assert not torch.equal(knn_distance(bank, query, k=6), knn_distance(bank, query))
+    assert torch.equal(gaussian_distance(bank, query), gaussian_distance(bank, query, 1e-3))
+    assert not torch.equal(gaussian_distance(bank, query, 1.001), gaussian_distance(bank, query))
+    tokens, queries = torch.randn(30, 3, 6), torch.randn(5, 3, 6)
+    assert torch.equal(position_distance(tokens, queries), position_distance(tokens, queries, 1e-3))
+    assert not torch.equal(position_distance(tokens, queries, 1.001), position_distance(tokens, queries))
+
+
+def test_features_carry_no_gradient():
+    """Scoring builds no autograd graph, whatever the model's parameters ask."""
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    assert any(p.requires_grad for p in model.parameters())  # the fixed sin-cos positions aside
+    x = torch.randn(2, 3, 32, 32)
+    for out in (encoder_features(model, x), patch_tokens(model, x), masked_view_features(model, x, 4),
+                anomaly_maps(model, x)[0]):  # fmt: skip
+        assert not out.requires_grad
+
+
+def test_errors_are_one_whole_line(tmp_path):
+    maps = torch.zeros(1, 4, 4)
+    with pytest.raises(ValueError, match=r"^aggregate 'median': choose one of topk_mean, mean, max$"):
+        aggregate(maps, "median")
+    with pytest.raises(ValueError, match=r"^shrinkage=-1: must be > 0$"):
+        gaussian_distance(torch.zeros(3, 2), torch.zeros(1, 2), shrinkage=-1)
+    with pytest.raises(ValueError, match=r"^bank \(3, 2, 2\) and query \(1, 1, 2\): not the same positions and width$"):
+        position_distance(torch.zeros(3, 2, 2), torch.zeros(1, 1, 2))
+    path = mae.export_encoder(mae.create_mae("mae_vit_micro_patch8", img_size=32), tmp_path / "enc.safetensors")
+    expected = (f"{path} holds an encoder only, and reconstruction maps need its trained decoder: give a pretraining"
+                " run folder or an export written with --with_decoder")  # fmt: skip
+    with pytest.raises(mae.CheckpointError, match=f"^{re.escape(expected)}$"):
+        load_with_decoder(path)
+
+
+def test_distances_on_small_and_degenerate_banks():
+    """One bank row: no covariance but the shrinkage's floor, a finite distance; two rows: the unbiased covariance
+    (numpy's); a constant bank: the floor 1e-12 x shrinkage on the diagonal; no query: an empty result."""
+    query = torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64)
+    one = gaussian_distance(torch.tensor([[0.0, 0.0]]), query)
+    torch.testing.assert_close(one, torch.tensor([5.0, 0.0]) / 1e-15)
+    two = np.array([[0.0, 1.0], [2.0, 5.0]])
+    cov = np.cov(two.T) + 1e-3 * np.trace(np.cov(two.T)) / 2 * np.eye(2)
+    d = query.numpy() - two.mean(0)
+    expected = np.einsum("qi,ij,qj->q", d, np.linalg.inv(cov), d)
+    np.testing.assert_allclose(gaussian_distance(torch.from_numpy(two), query).numpy(), expected, rtol=1e-5)
+    constant = gaussian_distance(torch.ones(5, 2), torch.tensor([[2.0, 1.0]]))
+    torch.testing.assert_close(constant, torch.tensor([1.0 / 1e-15]))
+    assert knn_distance(torch.randn(4, 3), torch.zeros(0, 3)).shape == (0,)
+
+
+def test_blur_is_a_gaussian_of_three_sigmas_a_side_cut_to_the_map():
+    """`blur` = sigma in pixels: scipy's Gaussian filter with a radius of ceil(3 sigma), mirrored at the borders,
+    the radius cut below half the map's short side (odd or even); any blur > 0 smooths."""
+    from scipy.ndimage import gaussian_filter
+
+    for size, patch in (((24, 40), 8), ((21, 35), 7)):
+        model = mae.create_mae("mae_vit_micro_patch8", img_size=size, patch_size=patch)
+        grid = torch.rand(2, model.num_patches, generator=torch.Generator().manual_seed(1))
+        sharp = position_maps(grid, model).numpy()
+        for blur in (0.5, 1.5, 6.0):
+            radius = min(int(np.ceil(3 * blur)), (min(size) - 1) // 2)
+            expected = [gaussian_filter(m, blur, radius=radius, mode="mirror") for m in sharp]
+            np.testing.assert_allclose(position_maps(grid, model, blur).numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_one_sided_or_one_of_a_kind_labels():
+    """AUROC and AP without warnings; NaN where a kind is missing; the ROC with a single image of a kind."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(auroc([1.0, 2.0], [1, 1])) and np.isnan(auroc([1.0, 2.0], [0, 0]))
+        assert np.isnan(average_precision([1.0, 2.0], [0, 0]))
+    fpr, tpr = roc_curve([3.0, 1.0], [1, 0])
+    assert fpr.tolist() == [0.0, 0.0, 1.0] and tpr.tolist() == [0.0, 1.0, 1.0]
+    masks = np.ones((1, 3, 3), bool)
+    masks[0, 0, 0] = False  # one normal pixel
+    assert pro_auc(np.arange(9.0).reshape(1, 3, 3), masks) == pytest.approx(1.0)

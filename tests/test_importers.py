@@ -267,3 +267,83 @@ def test_a_file_of_other_things_than_tensors_is_one_line(tmp_path, content):
     with pytest.raises(CheckpointError) as error:
         read_tensors(tmp_path / "c.pth")
     assert str(error.value) == f"{tmp_path / 'c.pth'}: expected a state dict of tensors (or {{'model': state_dict}})"
+
+
+def classifier_state(fc_norm):
+    """A timm classifier in the official layout: the encoder, a head, and (global-pool ViTs) fc_norm in place of
+    the final norm."""
+    state = official_state(decoder=False)
+    state["head.weight"], state["head.bias"] = torch.randn(10, D), torch.randn(10)
+    if fc_norm:
+        state["fc_norm.weight"], state["fc_norm.bias"] = state.pop("norm.weight") + 1, state.pop("norm.bias") - 1
+    return state
+
+
+@pytest.mark.parametrize("fc_norm", [True, False])
+def test_a_classifier_loads_as_its_encoder_and_says_so(tmp_path, fc_norm):
+    state = classifier_state(fc_norm)
+    save_file(state, tmp_path / "classifier.safetensors")
+    path = tmp_path / "classifier.safetensors"
+    with pytest.warns(UserWarning) as caught:
+        model = mae.load_pretrained(path, num_heads=HEADS, decoder_num_heads=DHEADS)
+    said = [str(w.message) for w in caught if "is a classifier" in str(w.message)]
+    note = " and its fc_norm serves as the encoder's final norm" if fc_norm else ""
+    assert said == [f"{path} is a classifier: its classifier head is dropped{note}; the encoder is kept"]
+    assert [w.filename for w in caught if "is a classifier" in str(w.message)] == [__file__]  # the caller's line
+    norm = "fc_norm" if fc_norm else "norm"
+    assert torch.equal(model.encoder.norm.weight, state[f"{norm}.weight"])
+    assert torch.equal(model.encoder.norm.bias, state[f"{norm}.bias"])
+    assert not any("head" in k for k in model.state_dict())
+    torch.testing.assert_close(model.encoder.blocks[1].mlp.fc2.weight, state["blocks.1.mlp.fc2.weight"])
+
+
+def checkpoint(folder, model):
+    """A checkpoint as a run writes it: Accelerate's model.safetensors (no metadata) beside config.yaml, whose
+    model record alone says what the model is."""
+    import json
+
+    import yaml
+
+    from mae.models.spec import SPEC_KEY
+
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    (folder / "config.yaml").write_text(yaml.safe_dump({SPEC_KEY: json.loads(model.spec.to_json())}))
+    return folder
+
+
+def test_a_run_folder_loads_its_latest_checkpoint_by_its_record(tmp_path):
+    models = []
+    for step in (1, 2, 10):  # step 10 sorts after step 2 by number
+        torch.manual_seed(step)
+        models.append(mae.create_mae("mae_vit_micro_patch8", img_size=32, decoder_depth=1))
+        checkpoint(tmp_path / "run" / "checkpoints" / f"step_{step:08d}", models[-1])
+    from mae.weights.importers import locate_weights
+
+    path, beside = locate_weights(tmp_path / "run")
+    assert path == tmp_path / "run" / "checkpoints" / "step_00000010" / "model.safetensors"
+    assert beside == {"spec": models[-1].spec}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = mae.load_pretrained(tmp_path / "run")  # no metadata in the weights: the record in config.yaml
+    assert loaded.spec == models[-1].spec
+    assert all(torch.equal(v, models[-1].state_dict()[k]) for k, v in loaded.state_dict().items())
+    again = mae.load_pretrained(tmp_path / "run" / "checkpoints" / "step_00000002")  # a checkpoint itself
+    assert all(torch.equal(v, models[1].state_dict()[k]) for k, v in again.state_dict().items())
+
+
+def test_a_folder_is_read_by_its_weights_file_name(tmp_path):
+    official = official_state()
+    (tmp_path / "bin").mkdir()
+    torch.save(official, tmp_path / "bin" / "pytorch_model.bin")
+    model = mae.load_pretrained(tmp_path / "bin", num_heads=HEADS, decoder_num_heads=DHEADS)
+    assert torch.equal(model.encoder.blocks[0].attn.qkv.weight, official["blocks.0.attn.qkv.weight"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError) as error:
+        mae.load_pretrained(tmp_path / "empty")
+    assert str(error.value) == (
+        f"{tmp_path / 'empty'}: no model.safetensors, encoder.safetensors or pytorch_model.bin in it"
+    )
+    with pytest.raises(CheckpointError) as error:
+        mae.load_pretrained(tmp_path / "missing.pth")
+    assert str(error.value) == f"{tmp_path / 'missing.pth'}: no such file or folder"

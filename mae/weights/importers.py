@@ -117,7 +117,7 @@ def _drop_head(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Te
     if "norm.weight" not in out and "fc_norm.weight" in out:
         out = {("norm." + k[len("fc_norm.") :] if k.startswith("fc_norm.") else k): v for k, v in out.items()}
         note += " and its fc_norm serves as the encoder's final norm"
-    warnings.warn(f"{path} is a classifier: {note}; the encoder is kept", stacklevel=3)
+    warnings.warn(f"{path} is a classifier: {note}; the encoder is kept", stacklevel=4)  # load_pretrained's caller
     return out
 
 
