@@ -185,3 +185,122 @@ def test_samples_are_torchvisions_crop_flip_and_mask(tmp_path):
                 torch.manual_seed(seed)
                 expected = RandomResizedCrop.get_params(torch.zeros(1, *size), scale=[0.9, 1.0], ratio=[3 / 4, 4 / 3])
             assert crop_params(size, (0.9, 1.0), (3 / 4, 4 / 3), g) == expected
+
+
+def test_a_negative_seed_part_is_one_line():
+    import pytest
+
+    from mae.data.transforms import sample_seed
+
+    with pytest.raises(ValueError, match=r"^sample_seed takes non-negative integers, got -3$"):
+        sample_seed(0, -3, 1)
+
+
+def test_crops_of_tiny_images_and_small_areas_are_torchvisions():
+    """Draws that round a side to 0 or 1 pixel are refused or kept as torchvision's get_params does."""
+    from torchvision.transforms import RandomResizedCrop
+
+    from mae.data.transforms import crop_params
+
+    for size in ((1, 6), (6, 1), (2, 2), (3, 5), (9, 2)):
+        for seed in range(40):
+            g = torch.Generator().manual_seed(seed)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                expected = RandomResizedCrop.get_params(torch.zeros(1, *size), scale=[0.02, 0.3], ratio=[3 / 4, 4 / 3])
+            assert crop_params(size, (0.02, 0.3), (3 / 4, 4 / 3), g) == expected, (size, seed)
+
+
+class _Fixed(BaseSource):
+    """`count` images (or an error) from a function of the index, for the decoding budget and the failure report."""
+
+    def __init__(self, count, make):
+        self.count, self.make, self.decodes = count, make, 0
+
+    def __len__(self):
+        return self.count
+
+    def name(self, i):
+        return f"img{i}"
+
+    def load(self, i):
+        self.decodes += 1
+        return self.make(i)
+
+    def load_array(self, i):
+        import numpy as np
+
+        self.decodes += 1
+        return np.asarray(self.make(i), dtype=np.float32)[..., None] / 255
+
+
+def test_the_decoded_images_budget_to_the_byte():
+    """A set kept whole where it fits the budget exactly (256 MiB by default, judged from the first image), refused
+    one byte over; images larger than the first kept only while the bytes used stay within the budget; float
+    images counted at 4 bytes a value."""
+    from mae.data.transforms import DecodedImages
+
+    tiny = _Fixed(256 * 2**20, lambda i: Image.new("L", (1, 1)))  # one byte each: the default budget exactly
+    assert DecodedImages(tiny, 3)(0)[1] is None and DecodedImages(tiny, 3).budget == 256 * 2**20
+    kept = DecodedImages(tiny, 3)
+    kept(0)
+    assert kept.images is not None and kept.used == 1
+    over = DecodedImages(_Fixed(256 * 2**20 + 1, lambda i: Image.new("L", (1, 1))), 3)
+    over(0)
+    assert over.images is None
+    sides = [2, 2, 3, 4, 2]  # 4, 4, 9, 16, 4 bytes of grayscale
+    growing = _Fixed(5, lambda i: Image.new("L", (sides[i], sides[i])))
+    load = DecodedImages(growing, 3, budget=20)  # the first image says 5 x 4 = 20 bytes: fits
+    for i in range(5):
+        load(i)
+    assert sorted(load.images) == [0, 1, 2] and load.used == 17  # 16 more would pass 20; 4 more too
+    exact = DecodedImages(_Fixed(3, lambda i: Image.new("L", (2, 2))), 3, budget=12)
+    for i in range(3):
+        exact(i)
+    assert sorted(exact.images) == [0, 1, 2] and exact.used == 12
+    floats = _Fixed(3, lambda i: Image.new("L", (2, 2)))  # 1 channel as float32: 16 bytes an image
+    short = DecodedImages(floats, 1, budget=3 * 16 - 1)
+    short(0)
+    assert short.images is None
+    whole = DecodedImages(floats, 1, budget=3 * 16)
+    for i in range(3):
+        whole(i)
+    assert whole.used == 48 and len(whole.images) == 3
+
+
+def test_an_undecodable_file_reports_the_first_line_of_its_error_cut_to_200_characters():
+    from mae.data.transforms import load_image
+
+    def fail(i):
+        raise OSError("x" * 300 + "\nsecond line")
+
+    assert load_image(_Fixed(1, fail), 0) == (None, {"bad": ("img0", ("OSError: " + "x" * 300)[:200])})
+    img, bad = load_image(_Fixed(1, lambda i: Image.new("RGB", (3, 3))), 0)  # 3 channels by default: PIL RGB
+    assert bad is None and isinstance(img, Image.Image) and img.mode == "RGB"
+
+
+def test_the_smallest_crop_keeps_full_resolution_at_the_decode_side():
+    """At the side `crop_decode_side` gives, the narrowest crop of the smallest area (aspect 3/4) spans at least the
+    model's input; a side one pixel smaller would not."""
+    import math
+
+    from mae.data.transforms import crop_decode_side
+
+    for size, scale in (((224, 224), 0.2), ((32, 48), 0.08), ((28, 28), 0.5)):
+        side = crop_decode_side(size, scale)
+        narrowest = [math.sqrt(scale * s * s * 3 / 4) for s in (side, side - 1)]  # the crop's short side, s x s
+        assert narrowest[0] >= max(size) - 1e-9 and narrowest[1] < max(size)
+
+
+def test_the_default_sample_crop_and_mask_ratio(tmp_path):
+    """crop_scale (0.2, 1.0) and mask ratio 0.75 by default; the visible count from both grid sides."""
+    from mae.models.masking import num_visible
+
+    make_images(tmp_path, n=3, size=40, nested=False)
+    bare = PretrainSamples(FolderSource(tmp_path), img_size=(16, 32), patch_size=8, seed=0, masking="block")
+    explicit = PretrainSamples(FolderSource(tmp_path), img_size=(16, 32), patch_size=8, seed=0, masking="block",
+                               crop_scale=(0.2, 1.0), mask_ratio=0.75)  # fmt: skip
+    for key in [(0, i) for i in range(3)] + [(1, i) for i in range(3)]:
+        a, b = bare[key], explicit[key]
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["noise"], b["noise"])
+        assert int((a["noise"] < 1).sum()) == num_visible(2 * 4, 0.75) == 2  # block masking ranks the kept first
