@@ -196,7 +196,7 @@ def _build(kwargs: dict[str, Any], state: dict[str, torch.Tensor], fmt: str, p: 
     has_decoder = any(k.startswith("decoder.") for k in state)  # any registered decoder's weights
     try:
         model = MaskedAutoencoder(**kwargs)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AssertionError) as e:  # timm asserts, e.g. a width its head count does not divide
         raise CheckpointError(f"{p}: cannot build the model it describes ({e})") from None
     if model.grid_size != _grid_of(state):  # fixed sine-cosine tables: rebuild, never resample
         state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
