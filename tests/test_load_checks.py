@@ -168,3 +168,46 @@ def test_a_classifier_with_both_norms_keeps_its_final_norm_and_says_what_does_no
     assert re.fullmatch(
         r".*" + fits + r"\['encoder\.fc_norm\.(weight|bias)', 'encoder\.fc_norm\.(weight|bias)'\]", message
     )
+
+
+def test_rgb_weights_for_one_channel_adapt_the_patch_embedding_and_leave_the_pixel_head_fresh(full):
+    from timm.models import adapt_input_conv
+
+    model, path = full
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gray = mae.load_pretrained(path, in_chans=1)
+    assert [(str(w.message), w.filename) for w in caught] == [
+        (f"{path}: 3-channel weights adapted to 1 channels (patch embedding as timm's adapt_input_conv; the decoder's "
+         "pixel head starts fresh)", __file__)
+    ]  # fmt: skip
+    proj = model.encoder.patch_embed.proj.weight
+    assert torch.equal(gray.encoder.patch_embed.proj.weight, adapt_input_conv(1, proj.detach(), base_chans=3))
+    assert gray.decoder.pred.weight.shape[0] == 8 * 8 and torch.equal(
+        gray.decoder.embed.weight, model.decoder.embed.weight
+    )
+
+
+def test_read_encoder_finds_the_encoder_of_each_kind_of_path(tmp_path, full):
+    from mae.weights.importers import read_encoder
+
+    model, path = full
+    want = {k: v for k, v in model.encoder.state_dict().items()}
+    run = tmp_path / "run"
+    run.mkdir()
+    mae.export_encoder(model, run / "encoder.safetensors")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    mae.export_encoder(model, hf / "model.safetensors")
+    (hf / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+    for where in (run, hf, run / "encoder.safetensors", path):
+        spec = read_encoder(str(where))
+        assert spec.arch == "vit_tiny_patch16_224" and spec.args["embed_dim"] == 96 and spec.args["patch_size"] == 8
+        assert all(torch.equal(spec.state[k], v) for k, v in want.items()) and spec.record == model.spec, where
+    bare = read_encoder("random:mae_vit_micro_patch8")
+    assert all(
+        torch.equal(v, read_encoder("random:mae_vit_micro_patch8", seed=0).state[k]) for k, v in bare.state.items()
+    )
+    other = read_encoder("random:mae_vit_micro_patch8", seed=1)
+    assert not torch.equal(bare.state["blocks.0.attn.qkv.weight"], other.state["blocks.0.attn.qkv.weight"])
+    assert read_encoder("random:mae_vit_micro_patch8", img_size=48).record.img_size == (48, 48)

@@ -268,7 +268,7 @@ def _adapt_channels(
     warnings.warn(
         f"{path}: {stored}-channel weights adapted to {in_chans} channels (patch embedding as timm's "
         "adapt_input_conv; the decoder's pixel head starts fresh)",
-        stacklevel=3,
+        stacklevel=4,  # load_pretrained's caller
     )
     return {k: v for k, v in state.items() if k not in fresh}, fresh
 
