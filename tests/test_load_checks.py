@@ -211,3 +211,27 @@ def test_read_encoder_finds_the_encoder_of_each_kind_of_path(tmp_path, full):
     other = read_encoder("random:mae_vit_micro_patch8", seed=1)
     assert not torch.equal(bare.state["blocks.0.attn.qkv.weight"], other.state["blocks.0.attn.qkv.weight"])
     assert read_encoder("random:mae_vit_micro_patch8", img_size=48).record.img_size == (48, 48)
+
+
+def test_read_encoder_of_older_exports_and_foreign_files(tmp_path):
+    """An export from before the model record (timm's architecture and args in its metadata) is read as it is, its
+    record made from them (statistics from its hints, a classifier's num_classes dropped); a foreign timm state dict
+    is read through load_pretrained without the encoder-only warning; statistics come from the record."""
+    import timm
+
+    from mae.weights.importers import read_encoder
+
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, depth=1)
+    args = {"img_size": 32, "patch_size": 8, "embed_dim": 192, "depth": 1, "num_heads": 3, "num_classes": 10}
+    meta = {"architecture": "vit_tiny_patch16_224", "model_args": json.dumps(args), "mean": "[0.1, 0.2, 0.3]",
+            "std": "[0.4, 0.5, 0.6]"}  # fmt: skip
+    save_file(vit.state_dict(), tmp_path / "old.safetensors", metadata=meta)
+    spec = read_encoder(str(tmp_path / "old.safetensors"))
+    assert spec.arch == "vit_tiny_patch16_224" and "num_classes" not in spec.args and spec.args["depth"] == 1
+    assert spec.record.mean == (0.1, 0.2, 0.3) and (spec.mean, spec.std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    torch.save(vit.state_dict(), tmp_path / "foreign.pth")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        foreign = read_encoder(str(tmp_path / "foreign.pth"))
+    assert torch.equal(foreign.state["blocks.0.attn.qkv.weight"], vit.state_dict()["blocks.0.attn.qkv.weight"])
+    assert foreign.record.num_heads == 3 and (foreign.mean, foreign.std) == foreign.record.input_stats()
