@@ -235,3 +235,24 @@ def test_read_encoder_of_older_exports_and_foreign_files(tmp_path):
         foreign = read_encoder(str(tmp_path / "foreign.pth"))
     assert torch.equal(foreign.state["blocks.0.attn.qkv.weight"], vit.state_dict()["blocks.0.attn.qkv.weight"])
     assert foreign.record.num_heads == 3 and (foreign.mean, foreign.std) == foreign.record.input_stats()
+
+
+def test_an_export_with_timms_args_is_read_as_it_is_even_where_no_mae_describes_it(tmp_path):
+    """timm's architecture and args in the metadata (an encoder export's) are taken as they are, here a ViT without
+    qkv biases, which no MaskedAutoencoder builds; under a run folder, an hf folder or as the file itself."""
+    import timm
+
+    from mae.weights.importers import read_encoder
+
+    args = {"img_size": 32, "patch_size": 8, "embed_dim": 192, "depth": 1, "num_heads": 3, "qkv_bias": False}
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, **args)
+    meta = {"architecture": "vit_tiny_patch16_224", "model_args": json.dumps(args)}
+    for folder, name in (("run", "encoder.safetensors"), ("hf", "model.safetensors"), ("file", "vit.safetensors")):
+        (tmp_path / folder).mkdir()
+        save_file(vit.state_dict(), tmp_path / folder / name, metadata=meta)
+        if folder == "hf":
+            (tmp_path / folder / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+        where = tmp_path / folder / name if folder == "file" else tmp_path / folder
+        spec = read_encoder(str(where))
+        assert spec.args["qkv_bias"] is False and "blocks.0.attn.qkv.bias" not in spec.state, folder
+        assert spec.state.keys() == vit.state_dict().keys()
