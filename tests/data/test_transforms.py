@@ -202,13 +202,15 @@ def test_crops_of_tiny_images_and_small_areas_are_torchvisions():
 
     from mae.data.transforms import crop_params
 
-    for size in ((1, 6), (6, 1), (2, 2), (3, 5), (9, 2)):
+    for size, scale in [
+        (size, scale) for size in ((1, 6), (6, 1), (2, 2), (3, 5), (9, 2)) for scale in ((0.02, 0.3), (0.02, 0.1))
+    ]:
         for seed in range(40):
             g = torch.Generator().manual_seed(seed)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                expected = RandomResizedCrop.get_params(torch.zeros(1, *size), scale=[0.02, 0.3], ratio=[3 / 4, 4 / 3])
-            assert crop_params(size, (0.02, 0.3), (3 / 4, 4 / 3), g) == expected, (size, seed)
+                expected = RandomResizedCrop.get_params(torch.zeros(1, *size), scale=list(scale), ratio=[3 / 4, 4 / 3])
+            assert crop_params(size, scale, (3 / 4, 4 / 3), g) == expected, (size, scale, seed)
 
 
 class _Fixed(BaseSource):
