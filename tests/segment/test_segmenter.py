@@ -176,3 +176,45 @@ def test_window_starts_stride_is_two_thirds_of_the_window_at_least_one():
     for window in (2, 9, 32):
         starts = window_starts(4 * window, window)
         assert starts[1] - starts[0] == max(1, window * 2 // 3) and starts[-1] == 3 * window
+
+
+def test_head_kinds_are_fixed_and_an_unknown_one_is_named():
+    import dataclasses
+
+    kind = HEADS.get("linear")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kind.trains_encoder = True
+    with pytest.raises(ValueError, match=r"unknown segmentation head 'upernet'; choose one of: linear, progressive"):
+        HEADS.get("upernet")
+
+
+class Bare(nn.Module):
+    """An encoder that says nothing of its prefix tokens: one class token is assumed."""
+
+    def __init__(self, vit):
+        super().__init__()
+        self.vit, self.patch_embed = vit, vit.patch_embed
+
+    def forward_features(self, x):
+        return self.vit.forward_features(x)
+
+
+def test_tokens_of_non_square_patches_and_of_an_encoder_without_a_prefix_count():
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", num_classes=0, img_size=(32, 48), patch_size=(8, 16), depth=1
+    ).eval()
+    model = Segmenter(vit, linear_head(192, 2, 8), frozen_encoder=True)
+    x = torch.randn(1, 3, 32, 48)
+    grid = model.forward_features(x)
+    assert model.patch_size == (8, 16) and grid.shape == (1, 192, 4, 3)
+    assert torch.equal(grid[0, :, 2, 1], vit.forward_features(x)[0, 1 + 2 * 3 + 1])
+    bare = Segmenter(Bare(encoder(reg_tokens=0)).eval(), linear_head(192, 2, 8), frozen_encoder=True)
+    x = torch.randn(1, 3, 32, 48)
+    assert torch.equal(bare.forward_features(x).flatten(2).transpose(1, 2), bare.encoder.vit.forward_features(x)[:, 1:])
+
+
+def test_no_graph_under_no_grad():
+    model = Segmenter(encoder(), progressive_head(192, 3, 8), frozen_encoder=False)
+    with torch.no_grad():
+        assert not model.forward_features(torch.randn(1, 3, 32, 48)).requires_grad
