@@ -256,3 +256,19 @@ def test_an_export_with_timms_args_is_read_as_it_is_even_where_no_mae_describes_
         spec = read_encoder(str(where))
         assert spec.args["qkv_bias"] is False and "blocks.0.attn.qkv.bias" not in spec.state, folder
         assert spec.state.keys() == vit.state_dict().keys()
+
+
+def test_an_export_with_only_part_of_timms_metadata_is_read_through_its_record(tmp_path, full):
+    from mae.weights.importers import read_encoder
+
+    model, _ = full
+    path = mae.export_encoder(model, tmp_path / "e.safetensors")
+    meta = read_metadata(path)
+    for drop in ("model_args", "architecture"):
+        save_file(
+            load_file(path), tmp_path / f"no_{drop}.safetensors", metadata={k: v for k, v in meta.items() if k != drop}
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            spec = read_encoder(str(tmp_path / f"no_{drop}.safetensors"))
+        assert spec.record == model.spec and torch.equal(spec.state["pos_embed"], model.encoder.pos_embed), drop
