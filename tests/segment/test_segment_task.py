@@ -14,17 +14,21 @@ from mae.train.segment_task import SegmentTask, evaluate_segmenter, same_size_gr
 
 
 class Channels(nn.Module):
-    """`segment` = the image's first 3 channels as 3-class logits, any size; `forward` the same (training)."""
+    """`segment` = the image's first 3 channels as 3-class logits, through an identity 1x1 convolution (which autocast
+    would round), any size; `forward` the same (training). Evaluation must call it in eval mode without a graph."""
 
     def __init__(self):
         super().__init__()
-        self.scale = nn.Parameter(torch.ones(()))
+        self.conv = nn.Conv2d(3, 3, 1)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.eye(3).view(3, 3, 1, 1))
+            self.conv.bias.zero_()
 
     def forward(self, x):
-        return x[:, :3] * self.scale
+        return self.conv(x[:, :3])
 
     def segment(self, x):
-        assert not self.training  # evaluated in eval mode
+        assert not self.training and not torch.is_grad_enabled()
         return self.forward(x)
 
 
@@ -40,7 +44,7 @@ def batches():
     stacked = {"image": torch.stack([a[0], b[0]]), "mask": torch.stack([a[1], b[1]]), "bad": []}
     mixed = {"image": [c[0], d[0], d[0]], "mask": [c[1], d[1], d[1]], "bad": [("x.png", "OSError: broken")]}
     empty = {"image": None, "mask": None, "bad": [("y.png", "OSError: empty")]}
-    return [stacked, mixed, empty], [a, b, c, d, d]
+    return [stacked, empty, mixed], [a, b, c, d, d]  # a batch of unreadable files between two others
 
 
 def by_hand(items, k=3):
@@ -111,3 +115,11 @@ def test_the_training_loss_ignores_the_ignore_index_and_evaluate_keeps_the_last(
     assert task.after_step() is None and task.last_evaluation == {}
     result = task.evaluate(epoch=1, final=False)
     assert result["eval"] == "val" and result["samples"] == 2 and task.last_evaluation == result
+
+
+def test_images_without_a_labeled_pixel_give_no_loss_and_a_class_seen_once_counts():
+    unlabeled = [{"image": torch.randn(1, 3, 4, 4), "mask": torch.full((1, 4, 4), 255), "bad": []}]
+    result = evaluate_segmenter(Channels(), unlabeled, 3)
+    assert result["samples"] == 1 and math.isnan(result["loss"]) and math.isnan(result["pixel_acc"])
+    once = torch.tensor([[5, 0, 0], [0, 0, 0], [0, 0, 1]])  # class 2: one pixel, found
+    assert segmentation_scores(once)["per_class_iou"] == [100.0, None, 100.0]
