@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 import mae
@@ -366,3 +367,20 @@ def test_continued_pretraining_is_the_continue_recipe_over_the_scratch_recipe():
     recipe = yaml.safe_load(continued.CONTINUE.read_text())
     assert change["init"] == "runs/source" and change["loop"]["epochs"] == 5
     assert change["optim"] == recipe["optim"] and change["loop"]["min_steps"] == recipe["loop"]["min_steps"]
+
+
+def test_anomaly_layers_reads_the_tokens_mae_anomaly_scores_last():
+    """The layer study's last tokens are the encoder's output without prefix tokens (what `mae anomaly` scores), its
+    first the patch embedding's with positions, one entry per block between, whatever the batch."""
+    from studies.anomaly_layers import layer_tokens
+
+    torch.manual_seed(0)
+    model = mae.create_mae("mae_vit_micro_patch8", img_size=32).eval()
+    x = torch.randn(5, 3, 32, 32)
+    layers = layer_tokens(model, x, batch=2)
+    enc = model.encoder
+    assert len(layers) == len(enc.blocks) + 2 and all(t.shape == (5, 16, 96) for t in layers)
+    with torch.no_grad():
+        torch.testing.assert_close(layers[-1], enc.forward_features(x)[:, enc.num_prefix_tokens :])
+        embedded = enc.patch_embed(x) + enc.pos_embed[:, enc.num_prefix_tokens :]
+    torch.testing.assert_close(layers[0], embedded)
