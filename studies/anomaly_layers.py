@@ -20,8 +20,8 @@ import torch
 
 import mae
 from studies import harness
-from studies.anomaly_rgb import masks_of, position_gaussian, read
-from studies.anomaly_scores import auroc, gaussian_distance, random_init
+from studies.anomaly_rgb import masks_of, position_gaussian, position_scores, read
+from studies.anomaly_scores import auroc, random_init
 
 SHRINKAGE = 1e-3  # mae anomaly's, for its per-position Gaussian
 
@@ -43,16 +43,8 @@ def layer_tokens(model: mae.MaskedAutoencoder, images: torch.Tensor, batch: int 
     return [torch.cat([chunk[i] for chunk in out]) for i in range(len(out[0]))]
 
 
-def score(train: torch.Tensor, test: torch.Tensor, model, anomalous, masks) -> dict:
-    """A Gaussian per patch position on [N, L, D] tokens: an image's score the mean distance over positions, its map
-    the distances upsampled bilinearly (as `mae anomaly` scores)."""
-    d = torch.stack([gaussian_distance(train[:, i], test[:, i], SHRINKAGE) for i in range(train.shape[1])], 1)
-    grid = d.view(len(d), 1, *model.grid_size)
-    maps = torch.nn.functional.interpolate(grid, size=tuple(model.img_size), mode="bilinear", align_corners=False)
-    return {
-        "image_auroc": auroc(d.mean(1).numpy(), anomalous),
-        "pixel_auroc": auroc(maps.numpy().ravel(), masks.ravel()),
-    }
+def aurocs(scores: np.ndarray, maps: np.ndarray, anomalous: np.ndarray, masks: np.ndarray) -> dict:
+    return {"image_auroc": auroc(scores, anomalous), "pixel_auroc": auroc(maps.ravel(), masks.ravel())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,23 +55,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the random-init twin's seed")
     args = p.parse_args(argv)
     stats = harness.run_config(args.run)["data"]
+    model = mae.load_pretrained(args.run).eval()
+    train, _ = read(args.category / "train", model, stats)
+    test, files = read(args.category / "test", model, stats)  # the random-init twin has the run's record and size
+    anomalous = np.array([f.parent.name != "good" for f in files])
+    masks = masks_of(files, tuple(model.img_size))
+    pixels = aurocs(*position_gaussian(train, test, model), anomalous, masks)
     results: dict[str, dict] = {}
     for name, source in (("MAE", args.run), ("random-init", random_init(args.run, args.seed))):
         model = mae.load_pretrained(source).eval()
-        train, _ = read(args.category / "train", model, stats)
-        test, files = read(args.category / "test", model, stats)
-        anomalous = np.array([f.parent.name != "good" for f in files])
-        masks = masks_of(files, tuple(model.img_size))
         a, b = layer_tokens(model, train), layer_tokens(model, test)
         names = ["patch embedding"] + [f"block {i}" for i in range(1, len(a) - 1)] + ["final norm (the default)"]
-        for i, layer in enumerate(names):
-            results[f"{name}: {layer}"] = score(a[i], b[i], model, anomalous, masks)
-        both = score(torch.cat([a[0], a[-1]], -1), torch.cat([b[0], b[-1]], -1), model, anomalous, masks)
-        results[f"{name}: patch embedding + final norm"] = both
-        if name == "MAE":
-            s, maps = position_gaussian(train, test, model)
-            pixel = {"image_auroc": auroc(s, anomalous), "pixel_auroc": auroc(maps.ravel(), masks.ravel())}
-            results["pixels: gaussian per patch position"] = pixel
+        pairs = [*zip(a, b, strict=True), (torch.cat([a[0], a[-1]], -1), torch.cat([b[0], b[-1]], -1))]
+        for layer, (train_tokens, test_tokens) in zip([*names, "patch embedding + final norm"], pairs, strict=True):
+            scored = position_scores(train_tokens, test_tokens, model, SHRINKAGE)
+            results[f"{name}: {layer}"] = aurocs(*scored, anomalous, masks)
+        if name == "MAE":  # the table's order: the pretrained encoder, the pixels, the random-init encoder
+            results["pixels: gaussian per patch position"] = pixels
     lines = ["| features | image AUROC | pixel AUROC |", "|---|---|---|"]
     lines += [f"| {k} | {v['image_auroc'] * 100:.1f} | {v['pixel_auroc'] * 100:.1f} |" for k, v in results.items()]
     data = {"machine": harness.machine(), "run": str(args.run), "category": str(args.category), "results": results}

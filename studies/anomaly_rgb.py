@@ -87,14 +87,19 @@ def judge(scores: np.ndarray, maps: np.ndarray, anomalous: np.ndarray, masks: np
             "pro": pro(maps, masks)}  # fmt: skip
 
 
-def position_gaussian(train: torch.Tensor, test: torch.Tensor, model: mae.MaskedAutoencoder) -> tuple:
-    """(scores [N], maps [N, H, W]): a Gaussian per patch position on raw pixel patches (PaDiM on pixels), the
-    distances upsampled bilinearly to the input's size."""
-    a, b = model.patchify(train).float(), model.patchify(test).float()  # [N, L, p*p*C]
-    d = torch.stack([gaussian_distance(a[:, i], b[:, i], 1e-2) for i in range(a.shape[1])], 1)
+def position_scores(train: torch.Tensor, test: torch.Tensor, model: mae.MaskedAutoencoder, shrinkage: float) -> tuple:
+    """(scores [N], maps [N, H, W]) of [N, L, D] vectors, one per patch position: a Gaussian per position fitted to
+    `train`'s, an image's score its mean distance over positions, its map the distances upsampled bilinearly to the
+    input's size (as `mae anomaly` scores tokens)."""
+    d = torch.stack([gaussian_distance(train[:, i], test[:, i], shrinkage) for i in range(train.shape[1])], 1)
     grid = d.view(len(d), 1, *model.grid_size)
     maps = torch.nn.functional.interpolate(grid, size=tuple(model.img_size), mode="bilinear", align_corners=False)
     return d.mean(1).numpy(), maps[:, 0].numpy()
+
+
+def position_gaussian(train: torch.Tensor, test: torch.Tensor, model: mae.MaskedAutoencoder) -> tuple:
+    """(scores [N], maps [N, H, W]): `position_scores` on raw pixel patches (PaDiM on pixels)."""
+    return position_scores(model.patchify(train).float(), model.patchify(test).float(), model, 1e-2)
 
 
 def pixel_baselines(run: Path, category: Path) -> dict:
