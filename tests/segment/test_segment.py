@@ -155,6 +155,7 @@ EVALUATE = """
     result = evaluate_segmenter(seg.model, loader, len(seg.classes), acc)
     if acc.is_main_process:
         print(json.dumps(result))
+    acc.end_training()  # as every stage ends: a live gloo group at exit can abort the process
 """
 
 
