@@ -38,7 +38,7 @@ from mae.errors import CheckpointError
 from mae.run_folder import run_config
 from mae.stages.anomaly_io import Writer, ground_truth, input_transform, samples
 from mae.stages.registry import StageResult, register_stage
-from mae.train.accelerator import open_accelerator
+from mae.train.accelerator import close_accelerator, open_accelerator
 from mae.train.checkpoint import check_output_dir
 from mae.train.features import predict
 from mae.train.loaders import eval_loader, prepare_eval
@@ -121,7 +121,7 @@ def run_anomaly(cfg: AnomalyConfig) -> StageResult:
         writer.metrics({**metrics, "choice": choice.why}, scores, anomalous)
         summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "auroc" in k or "aupr" in k or "pro" in k)
         accelerator.print(f"anomaly: {len(positions)} images scored in {out_dir}" + (f"; {summary}" if summary else ""))
-    accelerator.end_training()
+    close_accelerator(accelerator)
     return StageResult(out_dir, {**metrics, "score": cfg.score, "features": cfg.features, "choice": choice.why})
 
 

@@ -20,7 +20,7 @@ from mae.data.transforms import collate_labeled, decode_side
 from mae.data.transforms import eval_transform as labeled_eval_transform
 from mae.models.encoder import EncoderSpec
 from mae.run_folder import CLASSES, CLASSIFIER
-from mae.train.accelerator import open_accelerator
+from mae.train.accelerator import close_accelerator, open_accelerator
 from mae.train.checkpoint import check_output_dir, config_record, find_resume_checkpoint
 from mae.train.loaders import eval_loader
 from mae.weights.classifier import save_classifier
@@ -153,5 +153,5 @@ def save_run_classifier(
             record=setup.encoder.record,
         )
         accelerator.print(f"done: classifier in {path}, metrics in {out / 'metrics.jsonl'}")
-    accelerator.end_training()
+    close_accelerator(accelerator)
     return path

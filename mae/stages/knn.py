@@ -12,6 +12,7 @@ from mae.models.classifier import build_classifier
 from mae.run_folder import CONFIG, METRICS
 from mae.stages.downstream import labeled_eval_loader, open_downstream
 from mae.stages.registry import StageResult, register_stage
+from mae.train.accelerator import close_accelerator
 from mae.train.checkpoint import config_record
 from mae.train.features import knn_scores, predict, topk_accuracy
 from mae.train.loaders import prepare_eval
@@ -50,5 +51,5 @@ def run_knn(cfg: KnnConfig) -> StageResult:
     accelerator.print(f"k-NN (k={cfg.k}, T={cfg.temperature}): {top1}{top5} on {len(labels)} images")
     # As the other stages end: the process group goes down here, not in the interpreter's exit, where a
     # 2-process run once aborted ("terminate called without an active exception").
-    accelerator.end_training()
+    close_accelerator(accelerator)
     return StageResult(out, result)

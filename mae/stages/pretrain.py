@@ -22,7 +22,7 @@ from mae.models.registry import create_mae, preset_config, resolve_preset
 from mae.models.spec import ModelSpec
 from mae.run_folder import ENCODER, PREVIEW, decoder_beside
 from mae.stages.registry import StageResult, register_stage
-from mae.train.accelerator import full_state_dict, open_accelerator, plain_model
+from mae.train.accelerator import close_accelerator, full_state_dict, open_accelerator, plain_model
 from mae.train.checkpoint import check_output_dir, config_record, find_resume_checkpoint
 from mae.train.features import KnnMonitor
 from mae.train.optim import adamw
@@ -205,7 +205,7 @@ def run_pretrain(cfg: PretrainConfig) -> StageResult:
         if cfg.export_decoder:
             save_decoder(plain_model(accelerator, model), decoder_beside(path), full_state=state)
         accelerator.print(f"done: encoder weights in {path}, reconstructions in {output_dir / PREVIEW}")
-    accelerator.end_training()
+    close_accelerator(accelerator)
     return StageResult(output_dir, task.last_evaluation, path)
 
 

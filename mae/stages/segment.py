@@ -21,7 +21,7 @@ from mae.models.segmenter import HEADS, HeadKind, Segmenter
 from mae.run_folder import CLASSES, LAST_METRICS, SEGMENTER, last_evaluation
 from mae.stages.downstream import Downstream, open_downstream
 from mae.stages.registry import StageResult, register_stage
-from mae.train.accelerator import full_state_dict, plain_model
+from mae.train.accelerator import close_accelerator, full_state_dict, plain_model
 from mae.train.checkpoint import config_record
 from mae.train.loaders import make_loader
 from mae.train.optim import adamw
@@ -76,7 +76,7 @@ def run_segment(cfg: SegmentConfig) -> StageResult:
         if last:
             (out / LAST_METRICS).write_text(json.dumps(last, indent=1) + "\n")
         accelerator.print(f"done: segmenter in {path}, metrics in {out / 'metrics.jsonl'}")
-    accelerator.end_training()
+    close_accelerator(accelerator)
     return StageResult(Path(cfg.output_dir), task.last_evaluation, path)
 
 

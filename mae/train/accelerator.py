@@ -122,6 +122,14 @@ def open_accelerator(cfg: Any) -> Accelerator:
     return accelerator
 
 
+def close_accelerator(accelerator: Accelerator) -> None:
+    """End a stage: every process waits until the main one has written its files, then the process group ends.
+    gloo can abort a process at exit; one that left while the main process still wrote would have torchrun stop the
+    main process mid-write."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
 def check_shared_output_dir(accelerator: Accelerator, output_dir: str | os.PathLike) -> None:
     """Every process sees the run folder the main process writes: the main process renames the checkpoint folders
     all processes write into and alone writes metrics and exports, so a node with its own disk under --output_dir

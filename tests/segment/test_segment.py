@@ -145,6 +145,7 @@ EVALUATE = """
     from mae.data.segment_transforms import JointEvalTransform
     from mae.data.segmentation import SegmentationFolder, SegmentationSamples
     from mae.stages.segment import share_loader
+    from mae.train.accelerator import close_accelerator
     from mae.train.segment_task import evaluate_segmenter
     from mae.weights.segmenter import load_segmenter
     acc = Accelerator(cpu=True)
@@ -155,7 +156,7 @@ EVALUATE = """
     result = evaluate_segmenter(seg.model, loader, len(seg.classes), acc)
     if acc.is_main_process:
         print(json.dumps(result))
-    acc.end_training()  # as every stage ends: a live gloo group at exit can abort the process
+    close_accelerator(acc)  # as every stage ends: a live gloo group at exit can abort a process
 """
 
 

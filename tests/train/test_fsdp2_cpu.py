@@ -71,6 +71,7 @@ if rank == 0:
     full = {{k.removeprefix("module."): v.contiguous() for k, v in full.items()}}
     save_file(full, out + f"/{{mode}}.safetensors")
     json.dump(losses, open(out + f"/{{mode}}.json", "w"))
+dist.barrier()  # as the stages end (close_accelerator): no process leaves while the main one writes
 dist.destroy_process_group()
 """
 
