@@ -18,6 +18,7 @@ minutes of each pretraining; OUT/results.md the table.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from pathlib import Path
 
@@ -82,9 +83,23 @@ def pro(maps: np.ndarray, masks: np.ndarray, max_fpr: float = 0.3) -> float:
     return float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2) / max_fpr)
 
 
-def judge(scores: np.ndarray, maps: np.ndarray, anomalous: np.ndarray, masks: np.ndarray) -> dict:
-    return {"image_auroc": auroc(scores, anomalous), "pixel_auroc": auroc(maps.ravel(), masks.ravel()),
-            "pro": pro(maps, masks)}  # fmt: skip
+def kinds_of(files: list[Path]) -> np.ndarray:
+    """Each test image's folder: "good" or its defect's name."""
+    return np.array([Path(f).parent.name for f in files])
+
+
+def by_defect(scores: np.ndarray, kinds: np.ndarray) -> dict[str, float]:
+    """Image AUROC of each defect kind's images against the normal ones."""
+    out = {}
+    for kind in sorted(set(kinds) - {"good"}):
+        pick = (kinds == "good") | (kinds == kind)
+        out[str(kind)] = auroc(scores[pick], kinds[pick] == kind)
+    return out
+
+
+def judge(scores: np.ndarray, maps: np.ndarray, kinds: np.ndarray, masks: np.ndarray) -> dict:
+    return {"image_auroc": auroc(scores, kinds != "good"), "by_defect": by_defect(scores, kinds),
+            "pixel_auroc": auroc(maps.ravel(), masks.ravel()), "pro": pro(maps, masks)}  # fmt: skip
 
 
 def position_scores(train: torch.Tensor, test: torch.Tensor, model: mae.MaskedAutoencoder, shrinkage: float) -> tuple:
@@ -109,15 +124,15 @@ def pixel_baselines(run: Path, category: Path) -> dict:
     stats = harness.run_config(run)["data"]
     train, _ = read(category / "train", model, stats)
     test, files = read(category / "test", model, stats)
-    anomalous = np.array([f.parent.name != "good" for f in files])
+    kinds = kinds_of(files)
     masks = masks_of(files, tuple(model.img_size))
-    out = {"pixels: gaussian per patch position": judge(*position_gaussian(train, test, model), anomalous, masks)}
+    out = {"pixels: gaussian per patch position": judge(*position_gaussian(train, test, model), kinds, masks)}
     a, b = train.flatten(1), test.flatten(1)
     mu = a.mean(0)
     _, _, v = torch.linalg.svd(a - mu, full_matrices=False)
     basis = v[:PCA_COMPONENTS].T
     residual = ((b - mu) - (b - mu) @ basis @ basis.T).view_as(test).pow(2).mean(1)  # [N, H, W]
-    out["pixels: PCA error"] = judge(residual.flatten(1).mean(1).numpy(), residual.numpy(), anomalous, masks)
+    out["pixels: PCA error"] = judge(residual.flatten(1).mean(1).numpy(), residual.numpy(), kinds, masks)
     return out
 
 
@@ -126,8 +141,11 @@ def anomaly_run(model: Path, category: Path, out: Path, seed: int) -> dict:
     harness.stage("anomaly", out, pretrained=str(model), train_path=str(category / "train"), seed=seed,
                   data={"path": str(category / "test"), "num_workers": 0}, save_maps=False)  # fmt: skip
     m = json.loads((out / "metrics.json").read_text())
-    return {"image_auroc": m["auroc"], "pixel_auroc": m.get("pixel_auroc"), "pro": m.get("pixel_pro"),
-            "choice": f"--score {m['score']} --features {m['features']}"}  # fmt: skip
+    with (out / "scores.csv").open() as f:
+        rows = list(csv.DictReader(f))  # "class": the test image's folder, "good" or its defect
+    scores, kinds = np.array([float(r["score"]) for r in rows]), np.array([r["class"] for r in rows])
+    return {"image_auroc": m["auroc"], "by_defect": by_defect(scores, kinds), "pixel_auroc": m.get("pixel_auroc"),
+            "pro": m.get("pixel_pro"), "choice": f"--score {m['score']} --features {m['features']}"}  # fmt: skip
 
 
 def one_run(args: argparse.Namespace, category: Path, seed: int) -> dict:
@@ -148,10 +166,24 @@ def table(runs: list[dict]) -> str:
     for m in methods:
         cells = [np.mean([r["methods"][m][k] for r in runs]) * 100 for k in ("image_auroc", "pixel_auroc", "pro")]
         lines.append(f"| {m} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    lines += [""] + breakdown(runs, methods, "category", sorted({r["category"] for r in runs}))
+    lines += [""] + breakdown(runs, methods, "defect", sorted(runs[0]["methods"][methods[0]]["by_defect"]))
     minutes = [r["pretrain_minutes"] for r in runs]
     lines.append(f"\nMeans over {len(runs)} runs (categories x seeds); pretraining {min(minutes):.1f}-"
                  f"{max(minutes):.1f} min a run on {harness.machine()}.")  # fmt: skip
     return "\n".join(lines)
+
+
+def breakdown(runs: list[dict], methods: list[str], by: str, columns: list[str]) -> list[str]:
+    """Image AUROC of each method for each category or defect kind, the mean over the runs (seeds) that have it."""
+
+    def cell(method: str, column: str) -> float:
+        if by == "category":
+            return np.mean([r["methods"][method]["image_auroc"] for r in runs if r["category"] == column]) * 100
+        return np.mean([r["methods"][method]["by_defect"][column] for r in runs]) * 100
+
+    lines = [f"| image AUROC by {by} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    return lines + [f"| {m} | " + " | ".join(f"{cell(m, c):.1f}" for c in columns) + " |" for m in methods]
 
 
 def main(argv: list[str] | None = None) -> None:

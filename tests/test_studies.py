@@ -384,3 +384,15 @@ def test_anomaly_layers_reads_the_tokens_mae_anomaly_scores_last():
         torch.testing.assert_close(layers[-1], enc.forward_features(x)[:, enc.num_prefix_tokens :])
         embedded = enc.patch_embed(x) + enc.pos_embed[:, enc.num_prefix_tokens :]
     torch.testing.assert_close(layers[0], embedded)
+
+
+def test_the_colour_defect_study_scores_each_defect_kind_against_the_normal_images_alone():
+    """Per defect kind, the other kinds' images take no part: a kind ranked above every normal image is 1.0 however
+    the others rank, one ranked below every normal image 0.0."""
+    from studies.anomaly_rgb import by_defect, kinds_of
+
+    kinds = kinds_of(["test/good/0.png", "test/good/1.png", "test/blotch/0.png", "test/scratch/0.png",
+                      "test/scratch/1.png", "test/cut_paste/0.png"])  # fmt: skip
+    assert kinds.tolist() == ["good", "good", "blotch", "scratch", "scratch", "cut_paste"]
+    scores = np.array([0.5, 0.6, 0.9, 0.1, 0.2, 0.55])
+    assert by_defect(scores, kinds) == {"blotch": 1.0, "cut_paste": 0.5, "scratch": 0.0}
