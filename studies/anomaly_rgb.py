@@ -7,7 +7,7 @@ architecture (what pretraining adds), a Gaussian per patch position on raw pixel
 reconstruction error on pixels. Each method gives image AUROC, pixel AUROC and PRO (up to FPR 0.3).
 
     python scripts/defect_photos.py --output data/defect_photos
-    python -m studies.anomaly_rgb --data data/defect_photos --output runs/anomaly_rgb          # 2 seeds, ~20 min a run
+    python -m studies.anomaly_rgb --data data/defect_photos --output runs/anomaly_rgb          # 2 seeds, ~11 min a run
     python -m studies.anomaly_rgb --data data/defect_photos --output runs/anomaly_rgb_quick --quick   # minutes
 
 `--quick`: one category, one seed, 2 epochs at 64 px: proves the pipeline, measures nothing. A finished run is not
