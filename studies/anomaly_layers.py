@@ -20,7 +20,7 @@ import torch
 
 import mae
 from studies import harness
-from studies.anomaly_rgb import masks_of, position_gaussian, position_scores, read
+from studies.anomaly_rgb import kinds_of, masks_of, position_gaussian, position_scores, read
 from studies.anomaly_scores import auroc, random_init
 
 SHRINKAGE = 1e-3  # mae anomaly's, for its per-position Gaussian
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     model = mae.load_pretrained(args.run).eval()
     train, _ = read(args.category / "train", model, stats)
     test, files = read(args.category / "test", model, stats)  # the random-init twin has the run's record and size
-    anomalous = np.array([f.parent.name != "good" for f in files])
+    anomalous = kinds_of(files) != "good"
     masks = masks_of(files, tuple(model.img_size))
     pixels = aurocs(*position_gaussian(train, test, model), anomalous, masks)
     results: dict[str, dict] = {}

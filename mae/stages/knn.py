@@ -49,7 +49,5 @@ def run_knn(cfg: KnnConfig) -> StageResult:
     top5 = f", top5 {result['top5']:.2f}%" if "top5" in result else ""
     top1 = f"top1 {result['top1']:.2f}%"
     accelerator.print(f"k-NN (k={cfg.k}, T={cfg.temperature}): {top1}{top5} on {len(labels)} images")
-    # As the other stages end: the process group goes down here, not in the interpreter's exit, where a
-    # 2-process run once aborted ("terminate called without an active exception").
     close_accelerator(accelerator)
     return StageResult(out, result)

@@ -123,9 +123,9 @@ def open_accelerator(cfg: Any) -> Accelerator:
 
 
 def close_accelerator(accelerator: Accelerator) -> None:
-    """End a stage: every process waits until the main one has written its files, then the process group ends.
-    gloo can abort a process at exit; one that left while the main process still wrote would have torchrun stop the
-    main process mid-write."""
+    """End a stage: every process waits until the main one has written its files, then the process group ends here,
+    not in the interpreter's exit, where gloo can abort a process ("terminate called without an active exception");
+    one that left while the main process still wrote would have torchrun stop the main process mid-write."""
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
